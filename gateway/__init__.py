@@ -1,0 +1,1 @@
+"""Gearshift gateway: the OpenAI-compatible HTTP front of the two tiers."""

@@ -1,0 +1,185 @@
+"""One typed configuration for the whole gateway.
+
+Sources, later ones winning: defaults, the YAML file given to ``--config``,
+environment variables ``GEARSHIFT_<SECTION>__<FIELD>``. Every section forbids
+unknown fields so that a typo fails at start-up with the field's name. This is
+the only module that reads the environment.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from router.types import Tier
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TierSettings(Section):
+    """One tier: the model name clients use and the vLLM replicas that serve it."""
+
+    model: str = Field(description="model name served by the replicas and shown in /v1/models")
+    replicas: list[str] = Field(default_factory=list, description="base URLs, e.g. http://127.0.0.1:8101")
+    fallback: bool = Field(default=True, description="serve from the other tier when this one is down")
+
+    @field_validator("replicas")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"replica URL {url!r} must start with http:// or https://")
+        return [url.rstrip("/") for url in value]
+
+
+class TimeoutSettings(Section):
+    connect_s: float = Field(default=3.0, gt=0)
+    first_byte_s: float = Field(default=300.0, gt=0, description="until headers and first chunk (non-stream: whole body)")
+    between_chunks_s: float = Field(default=60.0, gt=0)
+
+
+class RetrySettings(Section):
+    attempts: int = Field(default=3, ge=1, le=10)
+    backoff_base_s: float = Field(default=0.1, ge=0)
+    backoff_max_s: float = Field(default=2.0, ge=0)
+    max_retry_after_s: float = Field(default=10.0, ge=0, description="longer Retry-After answers go to the client")
+
+
+class HealthSettings(Section):
+    interval_s: float = Field(default=5.0, gt=0)
+    timeout_s: float = Field(default=2.0, gt=0)
+    unhealthy_after: int = Field(default=2, ge=1, description="consecutive failed checks that eject a replica")
+
+
+class BreakerSettings(Section):
+    failure_threshold: int = Field(default=5, ge=1, description="consecutive failures that open the circuit")
+    reset_after_s: float = Field(default=10.0, gt=0, description="open time before one trial request")
+
+
+class ApiKey(Section):
+    name: str
+    tenant: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the key; see `gearshift keys new`")
+
+
+class AuthSettings(Section):
+    mode: Literal["keys", "none"] = "none"  # refused on non-loopback hosts; see Settings
+    keys: list[ApiKey] = Field(default_factory=list)
+
+
+class RouterSettings(Section):
+    policy: str = "length_threshold"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class LimitsSettings(Section):
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+
+
+class TelemetrySettings(Section):
+    exporter: Literal["none", "otlp", "console"] = "none"
+    otlp_endpoint: str | None = None
+    service_name: str = "gearshift"
+
+
+class EmbeddedSettings(Section):
+    """The embedded default stack started by ``gearshift serve`` without replicas."""
+
+    home: Path = Field(default_factory=lambda: Path(os.environ.get("GEARSHIFT_HOME", "~/.cache/gearshift")).expanduser())
+    vllm_python: Path | None = Field(default=None, description="python of the vLLM virtualenv; default <home>/vllm-venv/bin/python")
+    full_port: int = Field(default=8101, gt=0, lt=65536)
+    fast_port: int = Field(default=8102, gt=0, lt=65536)
+    max_model_len: int = Field(default=4096, ge=256)
+    kv_cache_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    startup_timeout_s: float = Field(default=600.0, gt=0)
+    max_restarts: int = Field(default=3, ge=0, description="restarts of a dead vLLM server before it is reported failed")
+
+    @property
+    def python(self) -> Path:
+        return self.vllm_python or self.home / "vllm-venv" / "bin" / "python"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="GEARSHIFT_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, lt=65536)
+    tiers: dict[Tier, TierSettings] = Field(default_factory=dict)
+    timeouts: TimeoutSettings = TimeoutSettings()
+    retries: RetrySettings = RetrySettings()
+    health: HealthSettings = HealthSettings()
+    breaker: BreakerSettings = BreakerSettings()
+    auth: AuthSettings = AuthSettings()
+    router: RouterSettings = RouterSettings()
+    limits: LimitsSettings = LimitsSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
+    embedded: EmbeddedSettings = EmbeddedSettings()
+    admin_token: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.auth.mode == "none" and not _is_loopback(self.host):
+            raise ValueError(
+                f"auth.mode 'none' is only allowed on a loopback host, not {self.host!r}; "
+                "configure auth.keys or bind to 127.0.0.1"
+            )
+        if self.auth.mode == "keys" and not self.auth.keys:
+            raise ValueError("auth.mode is 'keys' but auth.keys is empty; add keys or set auth.mode: none")
+        models = [t.model for t in self.tiers.values()]
+        if len(set(models)) != len(models):
+            raise ValueError(f"tier model names must differ, got {models}")
+        if "auto" in models:
+            raise ValueError("'auto' is reserved for routed requests and cannot name a tier")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment overrides the file, the file overrides defaults.
+        return env_settings, init_settings
+
+
+class ConfigError(Exception):
+    """The configuration file is missing, unreadable or invalid."""
+
+
+def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
+    """Read the YAML file at ``path`` (if any), apply ``overrides``, then the environment."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        data.update(loaded or {})
+    data.update(overrides)
+    return Settings(**data)

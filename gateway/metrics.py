@@ -1,0 +1,62 @@
+"""Prometheus metrics, in a registry owned by one app (no module-level collectors)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "gearshift_requests", "Requests by endpoint, serving tier and HTTP status",
+            ["endpoint", "tier", "status"], registry=r,
+        )  # fmt: skip
+        self.latency = Histogram(
+            "gearshift_request_duration_seconds", "Time from request to last byte",
+            ["endpoint", "tier", "stream"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "gearshift_time_to_first_token_seconds", "Time to the first streamed event",
+            ["tier"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.overhead = Histogram(
+            "gearshift_overhead_seconds", "Time spent in the gateway itself (excludes waiting on replicas)",
+            ["endpoint", "stream"], buckets=OVERHEAD_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tokens = Counter(
+            "gearshift_tokens", "Tokens by tier and kind (prompt, completion)",
+            ["tier", "kind"], registry=r,
+        )  # fmt: skip
+        self.routes = Counter(
+            "gearshift_route_decisions", "Routing decisions by chosen tier and policy",
+            ["tier", "policy"], registry=r,
+        )  # fmt: skip
+        self.upstream_errors = Counter(
+            "gearshift_upstream_errors", "Failed upstream attempts by tier and kind",
+            ["tier", "kind"], registry=r,
+        )  # fmt: skip
+        self.retries = Counter(
+            "gearshift_retries", "Retried upstream attempts by tier and cause",
+            ["tier", "cause"], registry=r,
+        )  # fmt: skip
+        self.fallbacks = Counter(
+            "gearshift_fallbacks", "Requests moved to the other tier because theirs was down",
+            ["from_tier", "to_tier"], registry=r,
+        )  # fmt: skip
+        self.stream_errors = Counter(
+            "gearshift_stream_errors", "Streams ended by an error event after the first byte",
+            ["tier", "kind"], registry=r,
+        )  # fmt: skip
+        self.client_disconnects = Counter(
+            "gearshift_client_disconnects", "Requests whose client went away; upstream work cancelled",
+            ["tier"], registry=r,
+        )  # fmt: skip
+        self.replica_healthy = Gauge(
+            "gearshift_replica_healthy", "1 when a replica passes its health checks",
+            ["tier", "replica"], registry=r,
+        )  # fmt: skip

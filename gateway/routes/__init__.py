@@ -1,0 +1,1 @@
+"""Thin HTTP routers, one per group of endpoints."""

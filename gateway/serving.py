@@ -1,0 +1,262 @@
+"""The logic behind the completion endpoints: read, validate, route, dispatch, answer.
+
+``Gateway`` owns everything a request needs (pools, HTTP session, policy,
+metrics, tracer). It is built without I/O by the app factory; ``start`` and
+``close`` run in the app's lifespan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+from opentelemetry import trace
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive
+
+from gateway.auth import Authenticator, Principal
+from gateway.config import Settings
+from gateway.context import RequestContext
+from gateway.dispatch import Completed, Dispatcher, OpenStream, upstream_message
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, PayloadTooLarge
+from gateway.metrics import Metrics
+from gateway.pool import TierPool
+from gateway.protocol import ChatCompletionRequest, CompletionRequest, describe, note_unknown_fields
+from gateway.relay import StreamRelay, wait_disconnect
+from gateway.telemetry import build_tracer_provider, end_span, start_span
+from gateway.upstream import new_session
+from router import RouteRequest, Tier, build_policy
+
+log = logging.getLogger(__name__)
+
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+VALIDATORS = {"chat": ChatCompletionRequest, "completions": CompletionRequest}
+CLIENT_CLOSED = 499  # nginx's convention: the client went away before the answer
+
+
+class ClientGone(Exception):
+    """The client disconnected while the request was still being dispatched."""
+
+
+class Gateway:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        metrics: Metrics | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.auth = Authenticator(settings.auth)
+        self.policy = build_policy(settings.router.policy, settings.router.params)
+        self.pools = {
+            tier: TierPool(tier, ts.model, ts.replicas, settings.breaker, settings.health, fallback=ts.fallback)
+            for tier, ts in settings.tiers.items()
+        }
+        self.models: dict[str, Tier] = {}
+        for tier, ts in settings.tiers.items():
+            self.models[ts.model] = tier
+            self.models.setdefault(tier.value, tier)  # "full"/"fast" pin a tier too
+        self.tracer_provider = tracer_provider or build_tracer_provider(settings.telemetry)
+        self.tracer = self.tracer_provider.get_tracer("gearshift")
+        self.created = int(time.time())
+        self._session: aiohttp.ClientSession | None = None
+        self._dispatcher: Dispatcher | None = None
+
+    async def start(self) -> None:
+        self._session = new_session(self.settings.timeouts)
+        self._dispatcher = Dispatcher(
+            self.pools, self._session, self.settings.timeouts, self.settings.retries, self.metrics
+        )
+        for pool in self.pools.values():
+            pool.start_health_checks(self._session)
+
+    async def close(self) -> None:
+        for pool in self.pools.values():
+            await pool.stop()
+        if self._session is not None:
+            await self._session.close()
+        shutdown = getattr(self.tracer_provider, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+    def ready(self) -> bool:
+        return bool(self.pools) and all(p.ready() for p in self.pools.values())
+
+    # -- request path ------------------------------------------------------
+
+    async def handle(self, request: Request, endpoint: str) -> Response:
+        state = request.state
+        ctx = RequestContext(state.request_id, state.t0, endpoint, requested_model="")
+        principal = self.auth.authenticate(request.headers.get("authorization"))
+        body = await self._read_json(request)
+        self._validate(endpoint, body)
+        ctx.requested_model = body["model"]
+        ctx.tenant = principal.tenant
+        ctx.session_id = request.headers.get("x-session-id") or body.get("user")
+        allow_fallback = self._route(ctx, body, principal)
+        stream = bool(body.get("stream"))
+        strip_usage = False
+        if stream and not (body.get("stream_options") or {}).get("include_usage"):
+            # Ask for usage anyway (metrics, recording); the relay drops that chunk.
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+            strip_usage = True
+        span = start_span(self.tracer, ctx, body)
+        try:
+            result = await self._dispatch_or_disconnect(request.receive, ctx, body, stream, allow_fallback)
+        except ClientGone:
+            self.metrics.client_disconnects.labels(str(ctx.tier)).inc()
+            self._finish(ctx, span, CLIENT_CLOSED, stream, None)
+            return Response(status_code=CLIENT_CLOSED)
+        except GatewayError as exc:
+            ctx.error = exc.message
+            self._finish(ctx, span, exc.status, stream, None)
+            raise
+        if isinstance(result, OpenStream):
+            return self._stream_response(ctx, span, result, strip_usage)
+        return self._complete_response(ctx, span, result, stream)
+
+    async def _read_json(self, request: Request) -> dict[str, Any]:
+        limit = self.settings.limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        if not raw:
+            raise InvalidRequest("request body is empty; send a JSON object")
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise InvalidRequest(f"request body must be a JSON object, not {type(data).__name__}")
+        return data
+
+    def _validate(self, endpoint: str, body: dict[str, Any]) -> None:
+        try:
+            VALIDATORS[endpoint].model_validate(body)
+        except ValidationError as exc:
+            message, param = describe(exc)
+            raise InvalidRequest(message, param=param) from None
+        note_unknown_fields(endpoint, body)
+
+    def _route(self, ctx: RequestContext, body: dict[str, Any], principal: Principal) -> bool:
+        """Pick the tier; returns whether falling back to the other tier is allowed."""
+        model = ctx.requested_model
+        if model == "auto":
+            decision = self.policy.decide(RouteRequest(ctx.endpoint, body, ctx.session_id))
+            if decision.tier not in self.pools:  # one-tier deployments
+                decision = type(decision)(next(iter(self.pools)), decision.reason + "; only tier", decision.policy)
+            ctx.decision, ctx.tier = decision, decision.tier
+            self.metrics.routes.labels(decision.tier, decision.policy).inc()
+            return True
+        tier = self.models.get(model)
+        if tier is None:
+            known = ", ".join(["auto", *sorted(self.models)])
+            raise ModelNotFound(f"model {model!r} does not exist; available: {known}", param="model")
+        ctx.tier = tier
+        self.metrics.routes.labels(tier, "pinned").inc()
+        return False  # a pinned tier is never silently replaced
+
+    async def _dispatch_or_disconnect(
+        self, receive: Receive, ctx: RequestContext, body: dict[str, Any], stream: bool, allow_fallback: bool
+    ) -> Completed | OpenStream:
+        assert self._dispatcher is not None, "Gateway.start() was not called"
+        work = asyncio.ensure_future(
+            self._dispatcher.dispatch(ctx, body, PATHS[ctx.endpoint], stream, allow_fallback)
+        )
+        watch = asyncio.ensure_future(wait_disconnect(receive))
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if not work.done():
+            work.cancel()  # closes the upstream connection: vLLM aborts the request
+            await asyncio.gather(work, return_exceptions=True)
+            raise ClientGone
+        return work.result()
+
+    def _headers(self, ctx: RequestContext) -> dict[str, str]:
+        return {
+            "x-request-id": ctx.request_id,
+            "x-gearshift-tier": str(ctx.tier),
+            "x-gearshift-route-reason": ctx.route_reason,
+            "x-gearshift-overhead-ms": f"{ctx.overhead_ms():.3f}",
+        }
+
+    def _complete_response(self, ctx: RequestContext, span: Any, result: Completed, stream: bool) -> Response:
+        response_model = None
+        if result.status == 200:
+            response_model = self._note_usage(ctx, result.body)
+        body = result.body if result.status == 200 or _is_openai_error(result.body) else _wrap_error(result)
+        self._finish(ctx, span, result.status, stream, response_model)
+        return Response(body, result.status, self._headers(ctx), media_type="application/json")
+
+    def _note_usage(self, ctx: RequestContext, raw: bytes) -> str | None:
+        try:
+            data = orjson.loads(raw)
+            usage = data.get("usage") or {}
+            ctx.prompt_tokens = usage.get("prompt_tokens")
+            ctx.completion_tokens = usage.get("completion_tokens")
+            ctx.finish_reasons = [c.get("finish_reason") or "" for c in data.get("choices") or ()]
+            model = data.get("model")
+            return model if isinstance(model, str) else None
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            log.warning("request %s: upstream answered 200 with a body that is not a JSON object", ctx.request_id)
+            return None
+
+    def _stream_response(self, ctx: RequestContext, span: Any, result: OpenStream, strip_usage: bool) -> StreamRelay:
+        headers = [(k.encode(), v.encode()) for k, v in self._headers(ctx).items()]
+        headers += [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+
+        def finish(ctx: RequestContext, error: str | None, client_gone: bool) -> None:
+            if error is not None:
+                self.metrics.stream_errors.labels(str(ctx.tier), error).inc()
+            if client_gone:
+                self.metrics.client_disconnects.labels(str(ctx.tier)).inc()
+            self._finish(ctx, span, CLIENT_CLOSED if client_gone else 200, True, None)
+
+        return StreamRelay(ctx, result, headers, self.settings.timeouts, strip_usage, finish)
+
+    def _finish(self, ctx: RequestContext, span: Any, status: int, stream: bool, model: str | None) -> None:
+        now = time.perf_counter()
+        tier = str(ctx.tier) if ctx.tier is not None else "none"
+        m = self.metrics
+        m.requests.labels(ctx.endpoint, tier, str(status)).inc()
+        m.latency.labels(ctx.endpoint, tier, "true" if stream else "false").observe(now - ctx.t0)
+        m.overhead.labels(ctx.endpoint, "true" if stream else "false").observe(ctx.overhead_ms(now) / 1000.0)
+        if ctx.first_byte_at is not None:
+            m.ttft.labels(tier).observe(ctx.first_byte_at - ctx.t0)
+        if ctx.prompt_tokens:
+            m.tokens.labels(tier, "prompt").inc(ctx.prompt_tokens)
+        if ctx.completion_tokens:
+            m.tokens.labels(tier, "completion").inc(ctx.completion_tokens)
+        end_span(span, ctx, status, model)
+
+
+def _is_openai_error(raw: bytes) -> bool:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(data, dict) and isinstance(data.get("error"), dict)
+
+
+def _wrap_error(result: Completed) -> bytes:
+    err = InvalidRequest(f"upstream: {upstream_message(result.body)}", status=result.status)
+    return orjson.dumps(err.body())
+

@@ -1,0 +1,1 @@
+"""Built-in routing policies, one module each; importing a module registers it."""
