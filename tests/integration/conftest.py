@@ -1,0 +1,75 @@
+"""The gateway on a real loopback socket, in front of fault-injecting fake replicas."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import openai
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from gateway.app import create_app
+from gateway.config import Settings
+from gateway.metrics import Metrics
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.servers import free_port, serve_in_thread
+
+FULL_MODEL = "model-full"
+FAST_MODEL = "model-fast"
+
+
+@dataclass
+class Stack:
+    url: str
+    metrics: Metrics
+    spans: InMemorySpanExporter
+
+    def client(self, **kwargs: Any) -> openai.OpenAI:
+        kwargs.setdefault("api_key", "unused")
+        kwargs.setdefault("max_retries", 0)
+        return openai.OpenAI(base_url=self.url + "/v1", **kwargs)
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        return self.metrics.registry.get_sample_value(name, labels or {}) or 0.0
+
+
+def dead_url() -> str:
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+
+
+Replica = FakeUpstream | str
+
+
+@pytest.fixture
+def make_stack() -> Iterator[Callable[..., Stack]]:
+    with contextlib.ExitStack() as stack:
+
+        def build(full: list[Replica], fast: list[Replica] | None = None, **overrides: Any) -> Stack:
+            def urls(replicas: list[Replica]) -> list[str]:
+                return [r if isinstance(r, str) else stack.enter_context(serve_in_thread(r.app)) for r in replicas]
+
+            tiers = {"full": {"model": FULL_MODEL, "replicas": urls(full)}}
+            if fast is not None:
+                tiers["fast"] = {"model": FAST_MODEL, "replicas": urls(fast)}
+            config: dict[str, Any] = {
+                "tiers": tiers,
+                "timeouts": {"connect_s": 1, "first_byte_s": 5, "between_chunks_s": 5},
+                "retries": {"attempts": 3, "backoff_base_s": 0.01, "backoff_max_s": 0.05},
+                "health": {"interval_s": 0.2, "timeout_s": 0.5, "unhealthy_after": 1},
+            }
+            for key, value in overrides.items():
+                config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+            metrics = Metrics()
+            spans = InMemorySpanExporter()
+            provider = TracerProvider()
+            provider.add_span_processor(SimpleSpanProcessor(spans))
+            app = create_app(Settings(**config), metrics=metrics, tracer_provider=provider)
+            url = stack.enter_context(serve_in_thread(app))
+            return Stack(url, metrics, spans)
+
+        yield build
