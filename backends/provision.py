@@ -61,7 +61,9 @@ def _run_converter(python: Path, args: list[str]) -> list[dict[str, object]]:
         if event.get("event") == "stage":
             tqdm.write(f"[provision] {event['name']}")
     if proc.wait() != 0:
-        raise ProvisionError(f"model conversion failed (exit {proc.returncode}); see the output above")
+        raise ProvisionError(
+            f"model conversion failed (exit {proc.returncode}); see the output above"
+        )
     return events
 
 

@@ -107,7 +107,9 @@ class Supervisor:
         self._log_dir.mkdir(parents=True, exist_ok=True)
         for managed in self._servers.values():
             await self._spawn(managed)
-            self._tasks.append(asyncio.create_task(self._watch(managed), name=f"watch-{managed.spec.name}"))
+            self._tasks.append(
+                asyncio.create_task(self._watch(managed), name=f"watch-{managed.spec.name}")
+            )
 
     async def _spawn(self, m: Managed) -> None:
         m.ready.clear()
@@ -122,7 +124,13 @@ class Supervisor:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-        log.info("started vLLM %s (pid %d) on %s, log %s", m.spec.name, m.process.pid, m.spec.base_url, m.log_path)
+        log.info(
+            "started vLLM %s (pid %d) on %s, log %s",
+            m.spec.name,
+            m.process.pid,
+            m.spec.base_url,
+            m.log_path,
+        )
 
     async def _probe(self, session: aiohttp.ClientSession, m: Managed) -> bool:
         try:
@@ -140,7 +148,11 @@ class Supervisor:
                 if await self._probe(session, m):
                     return None
                 if time.monotonic() - m.started_at > self._startup_timeout_s:
-                    log.error("vLLM %s not ready after %.0fs; killing it", m.spec.name, self._startup_timeout_s)
+                    log.error(
+                        "vLLM %s not ready after %.0fs; killing it",
+                        m.spec.name,
+                        self._startup_timeout_s,
+                    )
                     self._kill(m, signal.SIGKILL)
                     break
                 with contextlib.suppress(TimeoutError):
@@ -164,16 +176,24 @@ class Supervisor:
                 m.state = ServerState.FAILED
                 log.error(
                     "vLLM %s exited with %s and will not be restarted (%d restarts); last log lines:\n%s",
-                    m.spec.name, code, m.restarts, log_tail(m.log_path),
-                )  # fmt: skip
+                    m.spec.name,
+                    code,
+                    m.restarts,
+                    log_tail(m.log_path),
+                )
                 return
             m.restarts += 1
             m.state = ServerState.RESTARTING
             delay = min(2.0**m.restarts, 30.0)
             log.warning(
                 "vLLM %s exited with %s; restart %d/%d in %.0fs; last log lines:\n%s",
-                m.spec.name, code, m.restarts, self._max_restarts, delay, log_tail(m.log_path),
-            )  # fmt: skip
+                m.spec.name,
+                code,
+                m.restarts,
+                self._max_restarts,
+                delay,
+                log_tail(m.log_path),
+            )
             await asyncio.sleep(delay)
             if self._stopping:
                 return

@@ -53,18 +53,28 @@ class VllmServerSpec:
 
 def command(spec: VllmServerSpec, python: Path) -> list[str]:
     args = [
-        str(python), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(spec.model_dir),
-        "--served-model-name", spec.served_model_name,
-        "--host", spec.host,
-        "--port", str(spec.port),
-        "--dtype", "bfloat16",
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(spec.model_dir),
+        "--served-model-name",
+        spec.served_model_name,
+        "--host",
+        spec.host,
+        "--port",
+        str(spec.port),
+        "--dtype",
+        "bfloat16",
         "--enforce-eager",
-        "--max-model-len", str(spec.max_model_len),
-        "--kv-cache-memory-bytes", str(spec.kv_cache_bytes),
+        "--max-model-len",
+        str(spec.max_model_len),
+        "--kv-cache-memory-bytes",
+        str(spec.kv_cache_bytes),
         "--enable-auto-tool-choice",
-        "--tool-call-parser", spec.tool_call_parser,
-    ]  # fmt: skip
+        "--tool-call-parser",
+        spec.tool_call_parser,
+    ]
     if spec.speculative is not None:
         args += ["--speculative-config", json.dumps(dict(spec.speculative), separators=(",", ":"))]
     return [*args, *spec.extra_args]

@@ -51,9 +51,7 @@ class Authenticator:
         if not self._enabled:
             return ANONYMOUS
         if not authorization:
-            raise AuthenticationFailed(
-                "missing API key; send it as 'Authorization: Bearer <key>'"
-            )
+            raise AuthenticationFailed("missing API key; send it as 'Authorization: Bearer <key>'")
         scheme, _, key = authorization.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise AuthenticationFailed("malformed Authorization header; expected 'Bearer <key>'")

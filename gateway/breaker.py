@@ -20,7 +20,15 @@ class BreakerState(StrEnum):
 
 
 class CircuitBreaker:
-    __slots__ = ("_clock", "_failures", "_opened_at", "_reset_after_s", "_threshold", "_trial", "state")
+    __slots__ = (
+        "_clock",
+        "_failures",
+        "_opened_at",
+        "_reset_after_s",
+        "_threshold",
+        "_trial",
+        "state",
+    )
 
     def __init__(
         self,

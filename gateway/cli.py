@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import uvicorn
 from pydantic import ValidationError
 
 from gateway.config import ConfigError, Settings, load_settings
@@ -17,7 +21,9 @@ log = logging.getLogger("gearshift")
 
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", stream=sys.stderr
+        level=level.upper(),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
     )
 
 
@@ -27,12 +33,23 @@ def _load(path: Path | None) -> Settings:
     except ConfigError as exc:
         raise SystemExit(f"gearshift: {exc}") from None
     except ValidationError as exc:
-        lines = [f"  {'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors()]
+        lines = [
+            f"  {'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
+            for e in exc.errors()
+        ]
         raise SystemExit("gearshift: invalid configuration\n" + "\n".join(lines)) from None
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, minus its signal capture: `serve` must stop the vLLM
+    servers after the gateway, and uvicorn would re-raise the signal first."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 async def _serve(settings: Settings) -> int:
-    import uvicorn
 
     from gateway.app import create_app
 
@@ -41,17 +58,38 @@ async def _serve(settings: Settings) -> int:
         from backends.supervisor import SupervisorError
         from gateway.embedded import build_stack
 
-        log.info("no tiers configured: starting the embedded default stack under %s", settings.embedded.home)
+        log.info(
+            "no tiers configured: starting the embedded default stack under %s",
+            settings.embedded.home,
+        )
         stack = await asyncio.to_thread(build_stack, settings.embedded)
         settings = settings.model_copy(update={"tiers": stack.tiers})
         supervisor = stack.supervisor
         await supervisor.start()
     if settings.auth.mode == "none":
-        log.warning("API keys are OFF: any local client may call http://%s:%d (loopback only)", settings.host, settings.port)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level="warning",
-                       lifespan="on", timeout_graceful_shutdown=10)
-    )  # fmt: skip
+        log.warning(
+            "API keys are OFF: any local client may call http://%s:%d (loopback only)",
+            settings.host,
+            settings.port,
+        )
+    server = _Server(
+        uvicorn.Config(
+            create_app(settings),
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=10,
+        )
+    )
+
+    def on_signal() -> None:  # first signal: drain and stop; second: stop now
+        server.force_exit = server.should_exit
+        server.should_exit = True
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
     serving = asyncio.create_task(server.serve())
     try:
         if supervisor is not None:
@@ -75,8 +113,12 @@ async def _serve(settings: Settings) -> int:
             else:
                 waiter.cancel()
         if not serving.done() and await _gateway_ready(settings, serving):
-            log.info("Gearshift ready: OpenAI API at http://%s:%d/v1 (models: auto, %s)", settings.host,
-                     settings.port, ", ".join(t.model for t in settings.tiers.values()))  # fmt: skip
+            log.info(
+                "Gearshift ready: OpenAI API at http://%s:%d/v1 (models: auto, %s)",
+                settings.host,
+                settings.port,
+                ", ".join(t.model for t in settings.tiers.values()),
+            )
         await serving
     finally:
         if supervisor is not None:
@@ -137,10 +179,14 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gearshift", description=__doc__)
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the gateway (and the embedded default stack without tiers)")
+    serve = sub.add_parser(
+        "serve", help="run the gateway (and the embedded default stack without tiers)"
+    )
     serve.add_argument("--config", type=Path, help="YAML configuration file")
     serve.add_argument("--port", type=int, help="override the listening port")
     serve.set_defaults(func=cmd_serve)

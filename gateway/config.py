@@ -28,8 +28,12 @@ class TierSettings(Section):
     """One tier: the model name clients use and the vLLM replicas that serve it."""
 
     model: str = Field(description="model name served by the replicas and shown in /v1/models")
-    replicas: list[str] = Field(default_factory=list, description="base URLs, e.g. http://127.0.0.1:8101")
-    fallback: bool = Field(default=True, description="serve from the other tier when this one is down")
+    replicas: list[str] = Field(
+        default_factory=list, description="base URLs, e.g. http://127.0.0.1:8101"
+    )
+    fallback: bool = Field(
+        default=True, description="serve from the other tier when this one is down"
+    )
 
     @field_validator("replicas")
     @classmethod
@@ -42,7 +46,9 @@ class TierSettings(Section):
 
 class TimeoutSettings(Section):
     connect_s: float = Field(default=3.0, gt=0)
-    first_byte_s: float = Field(default=300.0, gt=0, description="until headers and first chunk (non-stream: whole body)")
+    first_byte_s: float = Field(
+        default=300.0, gt=0, description="until headers and first chunk (non-stream: whole body)"
+    )
     between_chunks_s: float = Field(default=60.0, gt=0)
 
 
@@ -50,24 +56,34 @@ class RetrySettings(Section):
     attempts: int = Field(default=3, ge=1, le=10)
     backoff_base_s: float = Field(default=0.1, ge=0)
     backoff_max_s: float = Field(default=2.0, ge=0)
-    max_retry_after_s: float = Field(default=10.0, ge=0, description="longer Retry-After answers go to the client")
+    max_retry_after_s: float = Field(
+        default=10.0, ge=0, description="longer Retry-After answers go to the client"
+    )
 
 
 class HealthSettings(Section):
     interval_s: float = Field(default=5.0, gt=0)
     timeout_s: float = Field(default=2.0, gt=0)
-    unhealthy_after: int = Field(default=2, ge=1, description="consecutive failed checks that eject a replica")
+    unhealthy_after: int = Field(
+        default=2, ge=1, description="consecutive failed checks that eject a replica"
+    )
 
 
 class BreakerSettings(Section):
-    failure_threshold: int = Field(default=5, ge=1, description="consecutive failures that open the circuit")
-    reset_after_s: float = Field(default=10.0, gt=0, description="open time before one trial request")
+    failure_threshold: int = Field(
+        default=5, ge=1, description="consecutive failures that open the circuit"
+    )
+    reset_after_s: float = Field(
+        default=10.0, gt=0, description="open time before one trial request"
+    )
 
 
 class ApiKey(Section):
     name: str
     tenant: str
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the key; see `gearshift keys new`")
+    sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the key; see `gearshift keys new`"
+    )
 
 
 class AuthSettings(Section):
@@ -93,14 +109,23 @@ class TelemetrySettings(Section):
 class EmbeddedSettings(Section):
     """The embedded default stack started by ``gearshift serve`` without replicas."""
 
-    home: Path = Field(default_factory=lambda: Path(os.environ.get("GEARSHIFT_HOME", "~/.cache/gearshift")).expanduser())
-    vllm_python: Path | None = Field(default=None, description="python of the vLLM virtualenv; default <home>/vllm-venv/bin/python")
+    home: Path = Field(
+        default_factory=lambda: Path(
+            os.environ.get("GEARSHIFT_HOME", "~/.cache/gearshift")
+        ).expanduser()
+    )
+    vllm_python: Path | None = Field(
+        default=None,
+        description="python of the vLLM virtualenv; default <home>/vllm-venv/bin/python",
+    )
     full_port: int = Field(default=8101, gt=0, lt=65536)
     fast_port: int = Field(default=8102, gt=0, lt=65536)
     max_model_len: int = Field(default=4096, ge=256)
     kv_cache_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
     startup_timeout_s: float = Field(default=600.0, gt=0)
-    max_restarts: int = Field(default=3, ge=0, description="restarts of a dead vLLM server before it is reported failed")
+    max_restarts: int = Field(
+        default=3, ge=0, description="restarts of a dead vLLM server before it is reported failed"
+    )
 
     @property
     def python(self) -> Path:
@@ -143,7 +168,9 @@ class Settings(BaseSettings):
                 "configure auth.keys or bind to 127.0.0.1"
             )
         if self.auth.mode == "keys" and not self.auth.keys:
-            raise ValueError("auth.mode is 'keys' but auth.keys is empty; add keys or set auth.mode: none")
+            raise ValueError(
+                "auth.mode is 'keys' but auth.keys is empty; add keys or set auth.mode: none"
+            )
         models = [t.model for t in self.tiers.values()]
         if len(set(models)) != len(models):
             raise ValueError(f"tier model names must differ, got {models}")

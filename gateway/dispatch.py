@@ -99,10 +99,16 @@ class Dispatcher:
 
     def _backoff(self, attempt: int) -> float:
         r = self._retries
-        return min(r.backoff_max_s, r.backoff_base_s * 2**attempt) * (0.5 + random.random() / 2)
+        delay: float = min(r.backoff_max_s, r.backoff_base_s * 2.0**attempt)
+        return delay * (0.5 + random.random() / 2)
 
     async def dispatch(
-        self, ctx: RequestContext, body: dict[str, Any], path: str, stream: bool, allow_fallback: bool
+        self,
+        ctx: RequestContext,
+        body: dict[str, Any],
+        path: str,
+        stream: bool,
+        allow_fallback: bool,
     ) -> Completed | OpenStream:
         assert ctx.tier is not None
         order = [ctx.tier]
@@ -120,8 +126,13 @@ class Dispatcher:
             except (NoHealthyReplica, UpstreamError) as exc:
                 if i == len(order) - 1:
                     raise
-                log.warning("tier %s down for request %s (%s); falling back to %s",
-                            tier, ctx.request_id, exc.message, order[i + 1])  # fmt: skip
+                log.warning(
+                    "tier %s down for request %s (%s); falling back to %s",
+                    tier,
+                    ctx.request_id,
+                    exc.message,
+                    order[i + 1],
+                )
                 self._metrics.fallbacks.labels(tier, order[i + 1]).inc()
         raise AssertionError("unreachable")
 
@@ -160,9 +171,14 @@ class Dispatcher:
                 replica.breaker.release()  # overload is not a replica fault
                 self._metrics.upstream_errors.labels(pool.tier, "429").inc()
                 delay = parse_retry_after(result.headers.get("retry-after"))
-                headers = {"retry-after": result.headers["retry-after"]} if "retry-after" in result.headers else {}
+                headers = (
+                    {"retry-after": result.headers["retry-after"]}
+                    if "retry-after" in result.headers
+                    else {}
+                )
                 last = UpstreamRateLimited(
-                    f"tier {pool.tier} is rate limited: {upstream_message(result.body)}", headers=headers
+                    f"tier {pool.tier} is rate limited: {upstream_message(result.body)}",
+                    headers=headers,
                 )
                 wait = self._backoff(attempt) if delay is None else delay
                 if final or wait > self._retries.max_retry_after_s:
@@ -189,7 +205,9 @@ class Dispatcher:
         try:
             with translated(replica.url):
                 async with asyncio.timeout(self._timeouts.first_byte_s):
-                    resp = await self._session.post(replica.url + path, data=payload, headers=JSON_HEADERS)
+                    resp = await self._session.post(
+                        replica.url + path, data=payload, headers=JSON_HEADERS
+                    )
                     if not stream or resp.status != 200:
                         body = await resp.read()
                         replica.in_flight -= 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from backends.provision import DEFAULT_MODEL, provision
 from backends.supervisor import Supervisor
@@ -33,22 +33,28 @@ class EmbeddedStack:
 def build_stack(settings: EmbeddedSettings) -> EmbeddedStack:
     model_dir = provision(settings.home, settings.python, DEFAULT_MODEL)
     binds = cpu_binds(sorted(os.sched_getaffinity(0)), 2)
-    common = {
-        "model_dir": model_dir,
-        "max_model_len": settings.max_model_len,
-        "kv_cache_bytes": settings.kv_cache_bytes,
-    }
     full = VllmServerSpec(
-        name="full", served_model_name=FULL_MODEL_NAME, port=settings.full_port, cpu_bind=binds[0], **common
+        name="full",
+        model_dir=model_dir,
+        served_model_name=FULL_MODEL_NAME,
+        port=settings.full_port,
+        cpu_bind=binds[0],
+        max_model_len=settings.max_model_len,
+        kv_cache_bytes=settings.kv_cache_bytes,
     )
-    fast = VllmServerSpec(
-        name="fast", served_model_name=FAST_MODEL_NAME, port=settings.fast_port, cpu_bind=binds[1],
-        speculative=NGRAM_SPECULATION, **common,
-    )  # fmt: skip
+    fast = replace(
+        full,
+        name="fast",
+        served_model_name=FAST_MODEL_NAME,
+        port=settings.fast_port,
+        cpu_bind=binds[1],
+        speculative=NGRAM_SPECULATION,
+    )
     log.info(
         "fast tier: serving the full-depth %s with ngram speculative decoding "
-        "(the layer-pruned fast variant is not built yet)", DEFAULT_MODEL.name,
-    )  # fmt: skip
+        "(the layer-pruned fast variant is not built yet)",
+        DEFAULT_MODEL.name,
+    )
     supervisor = Supervisor(
         [full, fast],
         python=settings.python,

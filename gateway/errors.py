@@ -119,7 +119,9 @@ class NoHealthyReplica(GatewayError):
     code = "no_healthy_replica"
 
 
-def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+def error_body(
+    message: str, type_: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
@@ -161,9 +163,13 @@ def register_exception_handlers(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         mapped: GatewayError
         if exc.status_code == 404:
-            mapped = RouteNotFound(f"no route {request.method} {request.url.path}; see GET /v1/models and the README")
+            mapped = RouteNotFound(
+                f"no route {request.method} {request.url.path}; see GET /v1/models and the README"
+            )
         elif exc.status_code == 405:
-            mapped = MethodNotAllowed(f"method {request.method} is not allowed on {request.url.path}")
+            mapped = MethodNotAllowed(
+                f"method {request.method} is not allowed on {request.url.path}"
+            )
         else:
             mapped = InvalidRequest(str(exc.detail), status=exc.status_code)
         return error_response(mapped, _request_id(request))

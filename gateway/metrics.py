@@ -13,50 +13,77 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "gearshift_requests", "Requests by endpoint, serving tier and HTTP status",
-            ["endpoint", "tier", "status"], registry=r,
-        )  # fmt: skip
+            "gearshift_requests",
+            "Requests by endpoint, serving tier and HTTP status",
+            ["endpoint", "tier", "status"],
+            registry=r,
+        )
         self.latency = Histogram(
-            "gearshift_request_duration_seconds", "Time from request to last byte",
-            ["endpoint", "tier", "stream"], buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "gearshift_request_duration_seconds",
+            "Time from request to last byte",
+            ["endpoint", "tier", "stream"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.ttft = Histogram(
-            "gearshift_time_to_first_token_seconds", "Time to the first streamed event",
-            ["tier"], buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "gearshift_time_to_first_token_seconds",
+            "Time to the first streamed event",
+            ["tier"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.overhead = Histogram(
-            "gearshift_overhead_seconds", "Time spent in the gateway itself (excludes waiting on replicas)",
-            ["endpoint", "stream"], buckets=OVERHEAD_BUCKETS, registry=r,
-        )  # fmt: skip
+            "gearshift_overhead_seconds",
+            "Time spent in the gateway itself (excludes waiting on replicas)",
+            ["endpoint", "stream"],
+            buckets=OVERHEAD_BUCKETS,
+            registry=r,
+        )
         self.tokens = Counter(
-            "gearshift_tokens", "Tokens by tier and kind (prompt, completion)",
-            ["tier", "kind"], registry=r,
-        )  # fmt: skip
+            "gearshift_tokens",
+            "Tokens by tier and kind (prompt, completion)",
+            ["tier", "kind"],
+            registry=r,
+        )
         self.routes = Counter(
-            "gearshift_route_decisions", "Routing decisions by chosen tier and policy",
-            ["tier", "policy"], registry=r,
-        )  # fmt: skip
+            "gearshift_route_decisions",
+            "Routing decisions by chosen tier and policy",
+            ["tier", "policy"],
+            registry=r,
+        )
         self.upstream_errors = Counter(
-            "gearshift_upstream_errors", "Failed upstream attempts by tier and kind",
-            ["tier", "kind"], registry=r,
-        )  # fmt: skip
+            "gearshift_upstream_errors",
+            "Failed upstream attempts by tier and kind",
+            ["tier", "kind"],
+            registry=r,
+        )
         self.retries = Counter(
-            "gearshift_retries", "Retried upstream attempts by tier and cause",
-            ["tier", "cause"], registry=r,
-        )  # fmt: skip
+            "gearshift_retries",
+            "Retried upstream attempts by tier and cause",
+            ["tier", "cause"],
+            registry=r,
+        )
         self.fallbacks = Counter(
-            "gearshift_fallbacks", "Requests moved to the other tier because theirs was down",
-            ["from_tier", "to_tier"], registry=r,
-        )  # fmt: skip
+            "gearshift_fallbacks",
+            "Requests moved to the other tier because theirs was down",
+            ["from_tier", "to_tier"],
+            registry=r,
+        )
         self.stream_errors = Counter(
-            "gearshift_stream_errors", "Streams ended by an error event after the first byte",
-            ["tier", "kind"], registry=r,
-        )  # fmt: skip
+            "gearshift_stream_errors",
+            "Streams ended by an error event after the first byte",
+            ["tier", "kind"],
+            registry=r,
+        )
         self.client_disconnects = Counter(
-            "gearshift_client_disconnects", "Requests whose client went away; upstream work cancelled",
-            ["tier"], registry=r,
-        )  # fmt: skip
+            "gearshift_client_disconnects",
+            "Requests whose client went away; upstream work cancelled",
+            ["tier"],
+            registry=r,
+        )
         self.replica_healthy = Gauge(
-            "gearshift_replica_healthy", "1 when a replica passes its health checks",
-            ["tier", "replica"], registry=r,
-        )  # fmt: skip
+            "gearshift_replica_healthy",
+            "1 when a replica passes its health checks",
+            ["tier", "replica"],
+            registry=r,
+        )

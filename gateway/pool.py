@@ -4,7 +4,8 @@ A replica is *eligible* when its last health checks passed (or none has failed
 yet) and its circuit breaker lets a request through. Among eligible replicas
 the one with the fewest requests in flight wins, ties broken round-robin.
 Active checks call ``GET /health`` every ``interval_s``; ``unhealthy_after``
-consecutive failures eject a replica, one success re-admits it.
+consecutive failures eject a replica; one success re-admits it and closes its
+circuit breaker, since the failures it counted predate the recovery.
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ class TierPool:
     def pick(self, exclude: set[Replica] | None = None) -> Replica | None:
         """Choose a replica (and take its breaker slot), or None when none is eligible."""
         best: Replica | None = None
-        candidates = [r for r in self.replicas if r.eligible() and (not exclude or r not in exclude)]
+        candidates = [
+            r for r in self.replicas if r.eligible() and (not exclude or r not in exclude)
+        ]
         if not candidates:
             return None
         start = next(self._rr) % len(candidates)
@@ -114,7 +117,11 @@ class TierPool:
             ok = False
         if ok:
             if not replica.healthy:
-                log.info("%s replica %s passed its health check; re-admitted", self.tier, replica.url)
+                log.info(
+                    "%s replica %s passed its health check; re-admitted", self.tier, replica.url
+                )
+                # Whatever failed while it was out (a restart, say) is history now.
+                replica.breaker.record_success()
             replica.healthy = True
             replica.checked_ok = True
             replica.health_failures = 0
@@ -127,8 +134,10 @@ class TierPool:
                 return
             log.warning(
                 "%s replica %s failed %d health checks; ejected",
-                self.tier, replica.url, replica.health_failures,
-            )  # fmt: skip
+                self.tier,
+                replica.url,
+                replica.health_failures,
+            )
 
     def start_health_checks(self, session: aiohttp.ClientSession) -> None:
         self._task = asyncio.create_task(self._loop(session), name=f"health-{self.tier}")
@@ -139,7 +148,9 @@ class TierPool:
             # Look again within a second while a replica is out, so a restarted
             # server is re-admitted promptly.
             down = any(not r.healthy for r in self.replicas)
-            await asyncio.sleep(min(1.0, self._health.interval_s) if down else self._health.interval_s)
+            await asyncio.sleep(
+                min(1.0, self._health.interval_s) if down else self._health.interval_s
+            )
 
     async def stop(self) -> None:
         if self._task is not None:

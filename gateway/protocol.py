@@ -114,9 +114,15 @@ def describe(exc: ValidationError) -> tuple[str, str | None]:
     first = exc.errors(include_url=False)[0]
     loc = [str(p) for p in first["loc"]]
     # Drop pydantic's union-branch tags ('str', 'list[...]') from the path.
-    loc = [p for p in loc if not (p[:1].islower() and ("[" in p or p in {"str", "int", "dict", "list", "bool"}))]
+    loc = [
+        p
+        for p in loc
+        if not (p[:1].islower() and ("[" in p or p in {"str", "int", "dict", "list", "bool"}))
+    ]
     param = ".".join(loc) or None
     got = first.get("input")
-    got_text = f" (got {type(got).__name__} {str(got)[:60]!r})" if first["type"] != "missing" else ""
+    got_text = (
+        f" (got {type(got).__name__} {str(got)[:60]!r})" if first["type"] != "missing" else ""
+    )
     where = f"'{param}': " if param else ""
     return f"{where}{first['msg']}{got_text}", param

@@ -110,7 +110,9 @@ class StreamRelay(Response):
         """Forward events; returns an error kind when the stream ended badly."""
         ctx, s = self._ctx, self._stream
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        await send({"type": "http.response.body", "body": self._filter(s.first_events), "more_body": True})
+        await send(
+            {"type": "http.response.body", "body": self._filter(s.first_events), "more_body": True}
+        )
         ctx.first_byte_at = time.perf_counter()
         buf = s.rest
         chunks = s.response.content.iter_any()
@@ -122,9 +124,17 @@ class StreamRelay(Response):
                     break
                 events, buf = split_events(buf + chunk)
                 if events:
-                    await send({"type": "http.response.body", "body": self._filter(events), "more_body": True})
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "body": self._filter(events),
+                            "more_body": True,
+                        }
+                    )
             if not self._saw_done:
-                error = UpstreamUnreachable(f"replica {s.replica.url} ended the stream before [DONE]")
+                error = UpstreamUnreachable(
+                    f"replica {s.replica.url} ended the stream before [DONE]"
+                )
         except UpstreamTimeout:
             error = UpstreamTimeout(
                 f"replica {s.replica.url} sent nothing for {self._timeouts.between_chunks_s:g}s mid-stream"
@@ -138,7 +148,9 @@ class StreamRelay(Response):
         if error is not None:
             log.warning("stream %s failed after its first byte: %s", ctx.request_id, error.message)
             ctx.error = error.message
-            await send({"type": "http.response.body", "body": error_event(error), "more_body": False})
+            await send(
+                {"type": "http.response.body", "body": error_event(error), "more_body": False}
+            )
             return error.code or error.type
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return None

@@ -27,7 +27,13 @@ from gateway.dispatch import Completed, Dispatcher, OpenStream, upstream_message
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, PayloadTooLarge
 from gateway.metrics import Metrics
 from gateway.pool import TierPool
-from gateway.protocol import ChatCompletionRequest, CompletionRequest, describe, note_unknown_fields
+from gateway.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+    describe,
+    note_unknown_fields,
+)
 from gateway.relay import StreamRelay, wait_disconnect
 from gateway.telemetry import build_tracer_provider, end_span, start_span
 from gateway.upstream import new_session
@@ -36,7 +42,10 @@ from router import RouteRequest, Tier, build_policy
 log = logging.getLogger(__name__)
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-VALIDATORS = {"chat": ChatCompletionRequest, "completions": CompletionRequest}
+VALIDATORS: dict[str, type[SamplingFields]] = {
+    "chat": ChatCompletionRequest,
+    "completions": CompletionRequest,
+}
 CLIENT_CLOSED = 499  # nginx's convention: the client went away before the answer
 
 
@@ -57,7 +66,9 @@ class Gateway:
         self.auth = Authenticator(settings.auth)
         self.policy = build_policy(settings.router.policy, settings.router.params)
         self.pools = {
-            tier: TierPool(tier, ts.model, ts.replicas, settings.breaker, settings.health, fallback=ts.fallback)
+            tier: TierPool(
+                tier, ts.model, ts.replicas, settings.breaker, settings.health, fallback=ts.fallback
+            )
             for tier, ts in settings.tiers.items()
         }
         self.models: dict[str, Tier] = {}
@@ -110,7 +121,9 @@ class Gateway:
             strip_usage = True
         span = start_span(self.tracer, ctx, body)
         try:
-            result = await self._dispatch_or_disconnect(request.receive, ctx, body, stream, allow_fallback)
+            result = await self._dispatch_or_disconnect(
+                request.receive, ctx, body, stream, allow_fallback
+            )
         except ClientGone:
             self.metrics.client_disconnects.labels(str(ctx.tier)).inc()
             self._finish(ctx, span, CLIENT_CLOSED, stream, None)
@@ -127,7 +140,9 @@ class Gateway:
         limit = self.settings.limits.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+            raise PayloadTooLarge(
+                f"request body of {declared} bytes exceeds the limit of {limit} bytes"
+            )
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
@@ -160,20 +175,29 @@ class Gateway:
         if model == "auto":
             decision = self.policy.decide(RouteRequest(ctx.endpoint, body, ctx.session_id))
             if decision.tier not in self.pools:  # one-tier deployments
-                decision = type(decision)(next(iter(self.pools)), decision.reason + "; only tier", decision.policy)
+                decision = type(decision)(
+                    next(iter(self.pools)), decision.reason + "; only tier", decision.policy
+                )
             ctx.decision, ctx.tier = decision, decision.tier
             self.metrics.routes.labels(decision.tier, decision.policy).inc()
             return True
         tier = self.models.get(model)
         if tier is None:
             known = ", ".join(["auto", *sorted(self.models)])
-            raise ModelNotFound(f"model {model!r} does not exist; available: {known}", param="model")
+            raise ModelNotFound(
+                f"model {model!r} does not exist; available: {known}", param="model"
+            )
         ctx.tier = tier
         self.metrics.routes.labels(tier, "pinned").inc()
         return False  # a pinned tier is never silently replaced
 
     async def _dispatch_or_disconnect(
-        self, receive: Receive, ctx: RequestContext, body: dict[str, Any], stream: bool, allow_fallback: bool
+        self,
+        receive: Receive,
+        ctx: RequestContext,
+        body: dict[str, Any],
+        stream: bool,
+        allow_fallback: bool,
     ) -> Completed | OpenStream:
         assert self._dispatcher is not None, "Gateway.start() was not called"
         work = asyncio.ensure_future(
@@ -198,11 +222,17 @@ class Gateway:
             "x-gearshift-overhead-ms": f"{ctx.overhead_ms():.3f}",
         }
 
-    def _complete_response(self, ctx: RequestContext, span: Any, result: Completed, stream: bool) -> Response:
+    def _complete_response(
+        self, ctx: RequestContext, span: Any, result: Completed, stream: bool
+    ) -> Response:
         response_model = None
         if result.status == 200:
             response_model = self._note_usage(ctx, result.body)
-        body = result.body if result.status == 200 or _is_openai_error(result.body) else _wrap_error(result)
+        body = (
+            result.body
+            if result.status == 200 or _is_openai_error(result.body)
+            else _wrap_error(result)
+        )
         self._finish(ctx, span, result.status, stream, response_model)
         return Response(body, result.status, self._headers(ctx), media_type="application/json")
 
@@ -216,12 +246,20 @@ class Gateway:
             model = data.get("model")
             return model if isinstance(model, str) else None
         except (orjson.JSONDecodeError, AttributeError, TypeError):
-            log.warning("request %s: upstream answered 200 with a body that is not a JSON object", ctx.request_id)
+            log.warning(
+                "request %s: upstream answered 200 with a body that is not a JSON object",
+                ctx.request_id,
+            )
             return None
 
-    def _stream_response(self, ctx: RequestContext, span: Any, result: OpenStream, strip_usage: bool) -> StreamRelay:
+    def _stream_response(
+        self, ctx: RequestContext, span: Any, result: OpenStream, strip_usage: bool
+    ) -> StreamRelay:
         headers = [(k.encode(), v.encode()) for k, v in self._headers(ctx).items()]
-        headers += [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+        headers += [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+        ]
 
         def finish(ctx: RequestContext, error: str | None, client_gone: bool) -> None:
             if error is not None:
@@ -232,13 +270,17 @@ class Gateway:
 
         return StreamRelay(ctx, result, headers, self.settings.timeouts, strip_usage, finish)
 
-    def _finish(self, ctx: RequestContext, span: Any, status: int, stream: bool, model: str | None) -> None:
+    def _finish(
+        self, ctx: RequestContext, span: Any, status: int, stream: bool, model: str | None
+    ) -> None:
         now = time.perf_counter()
         tier = str(ctx.tier) if ctx.tier is not None else "none"
         m = self.metrics
         m.requests.labels(ctx.endpoint, tier, str(status)).inc()
         m.latency.labels(ctx.endpoint, tier, "true" if stream else "false").observe(now - ctx.t0)
-        m.overhead.labels(ctx.endpoint, "true" if stream else "false").observe(ctx.overhead_ms(now) / 1000.0)
+        m.overhead.labels(ctx.endpoint, "true" if stream else "false").observe(
+            ctx.overhead_ms(now) / 1000.0
+        )
         if ctx.first_byte_at is not None:
             m.ttft.labels(tier).observe(ctx.first_byte_at - ctx.t0)
         if ctx.prompt_tokens:
@@ -259,4 +301,3 @@ def _is_openai_error(raw: bytes) -> bool:
 def _wrap_error(result: Completed) -> bytes:
     err = InvalidRequest(f"upstream: {upstream_message(result.body)}", status=result.status)
     return orjson.dumps(err.body())
-

@@ -31,7 +31,11 @@ def build_tracer_provider(settings: TelemetrySettings) -> trace.TracerProvider:
     else:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        exporter = OTLPSpanExporter(endpoint=settings.otlp_endpoint) if settings.otlp_endpoint else OTLPSpanExporter()
+        exporter = (
+            OTLPSpanExporter(endpoint=settings.otlp_endpoint)
+            if settings.otlp_endpoint
+            else OTLPSpanExporter()
+        )
     provider = TracerProvider(resource=Resource.create({"service.name": settings.service_name}))
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
@@ -63,7 +67,10 @@ def start_span(tracer: Tracer, ctx: RequestContext, body: Mapping[str, Any]) -> 
 
 def end_span(span: Span, ctx: RequestContext, status: int, response_model: str | None) -> None:
     if span.is_recording():
-        attrs: dict[str, Any] = {"http.response.status_code": status, "gearshift.attempts": ctx.attempts}
+        attrs: dict[str, Any] = {
+            "http.response.status_code": status,
+            "gearshift.attempts": ctx.attempts,
+        }
         if ctx.tier is not None:
             attrs["gearshift.tier"] = str(ctx.tier)
             attrs["gearshift.route_reason"] = ctx.route_reason

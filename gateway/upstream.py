@@ -25,9 +25,13 @@ def translated(url: str) -> Iterator[None]:
     except TimeoutError as exc:
         raise UpstreamTimeout(f"replica {url} did not answer in time") from exc
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
-        raise UpstreamUnreachable(f"replica {url} unreachable or dropped the connection: {exc!r}") from exc
+        raise UpstreamUnreachable(
+            f"replica {url} unreachable or dropped the connection: {exc!r}"
+        ) from exc
     except aiohttp.ClientError as exc:
-        raise UpstreamError(f"replica {url} answered with an invalid HTTP response: {exc!r}") from exc
+        raise UpstreamError(
+            f"replica {url} answered with an invalid HTTP response: {exc!r}"
+        ) from exc
 
 
 def new_session(timeouts: TimeoutSettings, limit: int = 0) -> aiohttp.ClientSession:

@@ -21,7 +21,8 @@ class PolicyError(ValueError):
 
 
 class Policy(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def decide(self, request: RouteRequest) -> Decision: ...
 

@@ -24,9 +24,13 @@ def build_router(gateway: Gateway) -> APIRouter:
                 gateway.metrics.replica_healthy.labels(str(tier), r.url).set(1 if r.healthy else 0)
         body = {
             "ready": gateway.ready(),
-            "tiers": {str(t): {"model": p.model, "replicas": p.status()} for t, p in gateway.pools.items()},
+            "tiers": {
+                str(t): {"model": p.model, "replicas": p.status()} for t, p in gateway.pools.items()
+            },
         }
-        return Response(orjson.dumps(body), 200 if body["ready"] else 503, media_type="application/json")
+        return Response(
+            orjson.dumps(body), 200 if body["ready"] else 503, media_type="application/json"
+        )
 
     @router.get("/metrics")
     async def metrics() -> Response:

@@ -49,9 +49,14 @@ Replica = FakeUpstream | str
 def make_stack() -> Iterator[Callable[..., Stack]]:
     with contextlib.ExitStack() as stack:
 
-        def build(full: list[Replica], fast: list[Replica] | None = None, **overrides: Any) -> Stack:
+        def build(
+            full: list[Replica], fast: list[Replica] | None = None, **overrides: Any
+        ) -> Stack:
             def urls(replicas: list[Replica]) -> list[str]:
-                return [r if isinstance(r, str) else stack.enter_context(serve_in_thread(r.app)) for r in replicas]
+                return [
+                    r if isinstance(r, str) else stack.enter_context(serve_in_thread(r.app))
+                    for r in replicas
+                ]
 
             tiers = {"full": {"model": FULL_MODEL, "replicas": urls(full)}}
             if fast is not None:

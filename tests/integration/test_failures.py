@@ -154,14 +154,22 @@ def test_stream_cut_after_first_byte_ends_with_error_event(make_stack):
             received.append(chunk)
     assert "the stream before [DONE]" in err.value.message
     assert len(received) == 3  # role chunk + two tokens made it through
-    assert stack.metric("gearshift_stream_errors_total", {"tier": "full", "kind": "upstream_unreachable"}) == 1
+    assert (
+        stack.metric(
+            "gearshift_stream_errors_total", {"tier": "full", "kind": "upstream_unreachable"}
+        )
+        == 1
+    )
 
 
 def test_stream_error_event_is_followed_by_done(make_stack):
     full = FakeUpstream().then(Behaviour("stall_mid", after=1))
     stack = make_stack([full], timeouts={"between_chunks_s": 0.3})
-    with httpx.stream("POST", stack.url + "/v1/chat/completions",
-                      json={"model": "full", "messages": MESSAGES, "stream": True}) as r:  # fmt: skip
+    with httpx.stream(
+        "POST",
+        stack.url + "/v1/chat/completions",
+        json={"model": "full", "messages": MESSAGES, "stream": True},
+    ) as r:
         text = r.read().decode()
     events = [e for e in text.split("\n\n") if e]
     assert events[-1] == "data: [DONE]"
@@ -171,7 +179,9 @@ def test_stream_error_event_is_followed_by_done(make_stack):
 def test_failure_before_first_event_of_a_stream_is_retried(make_stack):
     full = FakeUpstream().then(Behaviour("cut", after=-1), status(500))
     stack = make_stack([full])
-    chunks = list(stack.client().chat.completions.create(model="full", messages=MESSAGES, stream=True))
+    chunks = list(
+        stack.client().chat.completions.create(model="full", messages=MESSAGES, stream=True)
+    )
     assert len(chunks) == 6
     assert len(full.requests) == 3
 
@@ -179,9 +189,15 @@ def test_failure_before_first_event_of_a_stream_is_retried(make_stack):
 def test_client_disconnect_mid_stream_cancels_upstream(make_stack):
     full = FakeUpstream().then(Behaviour("stall_mid", after=1))
     stack = make_stack([full])
-    with httpx.stream("POST", stack.url + "/v1/chat/completions",
-                      json={"model": "full", "messages": MESSAGES, "stream": True}) as r:  # fmt: skip
-        next(r.iter_bytes())  # first byte arrived; now hang up
+    with httpx.stream(
+        "POST",
+        stack.url + "/v1/chat/completions",
+        json={"model": "full", "messages": MESSAGES, "stream": True},
+    ) as r:
+        chunks = r.iter_bytes()
+        next(chunks)  # the first byte arrived
+        assert full.disconnects == 0
+    # Leaving the block hangs up mid-stream.
     _wait_for(lambda: full.disconnects == 1)
     _wait_for(lambda: stack.metric("gearshift_client_disconnects_total", {"tier": "full"}) == 1)
 
@@ -194,7 +210,8 @@ def test_client_disconnect_while_waiting_cancels_upstream(make_stack):
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.sendall(
             b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            + f"content-length: {len(body)}\r\n\r\n".encode() + body
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
         )
         _wait_for(lambda: len(full.requests) == 1)
     _wait_for(lambda: full.disconnects == 1)

@@ -18,7 +18,9 @@ def test_non_stream_answer_and_gateway_headers(make_stack):
     answer = raw.parse()
     assert answer.choices[0].message.content == "hello from fast"
     assert raw.headers["x-gearshift-tier"] == "fast"
-    assert raw.headers["x-gearshift-route-reason"].startswith("length_threshold: ~0 prompt tokens < 512")
+    assert raw.headers["x-gearshift-route-reason"].startswith(
+        "length_threshold: ~0 prompt tokens < 512"
+    )
     assert len(raw.headers["x-request-id"]) >= 16
     assert 0 <= float(raw.headers["x-gearshift-overhead-ms"]) < 1000
     assert fast.requests[0]["model"] == FAST_MODEL and not full.requests
@@ -49,15 +51,28 @@ def test_every_parameter_reaches_the_replica_unchanged(make_stack):
     full = FakeUpstream()
     stack = make_stack([full])
     params = {
-        "tools": [{"type": "function", "function": {"name": "f", "strict": True,
-                   "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "f",
+                    "strict": True,
+                    "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
+                },
+            }
+        ],
         "tool_choice": {"type": "function", "function": {"name": "f"}},
         "parallel_tool_calls": False,
         "response_format": {"type": "json_object"},
-        "logprobs": True, "top_logprobs": 3, "n": 2, "seed": 11, "stop": ["\n"],
-        "max_completion_tokens": 9, "temperature": 0.3,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "n": 2,
+        "seed": 11,
+        "stop": ["\n"],
+        "max_completion_tokens": 9,
+        "temperature": 0.3,
         "some_future_parameter": {"nested": [1, 2]},
-    }  # fmt: skip
+    }
     body = {"model": "full", "messages": MESSAGES, **params}
     r = httpx.post(stack.url + "/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
@@ -70,7 +85,9 @@ def test_every_parameter_reaches_the_replica_unchanged(make_stack):
 def test_stream_relays_events_and_hides_usage_it_added(make_stack):
     full = FakeUpstream()
     stack = make_stack([full])
-    chunks = list(stack.client().chat.completions.create(model="full", messages=MESSAGES, stream=True))
+    chunks = list(
+        stack.client().chat.completions.create(model="full", messages=MESSAGES, stream=True)
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "tok0 tok1 tok2 tok3 tok4 "
     assert all(c.usage is None for c in chunks)
@@ -91,7 +108,9 @@ def test_stream_keeps_usage_when_client_asked(make_stack):
 def test_completions_endpoint(make_stack):
     full = FakeUpstream()
     stack = make_stack([full])
-    r = httpx.post(stack.url + "/v1/completions", json={"model": "full", "prompt": "Once", "max_tokens": 3})
+    r = httpx.post(
+        stack.url + "/v1/completions", json={"model": "full", "prompt": "Once", "max_tokens": 3}
+    )
     assert r.status_code == 200
     assert full.requests[0] == {"model": FULL_MODEL, "prompt": "Once", "max_tokens": 3}
 
@@ -115,7 +134,9 @@ def test_upstream_client_error_passes_through(make_stack):
 
 def test_span_follows_genai_conventions(make_stack):
     stack = make_stack([FakeUpstream()], [FakeUpstream()])
-    stack.client().chat.completions.create(model="auto", messages=MESSAGES, max_tokens=5, temperature=0.5)
+    stack.client().chat.completions.create(
+        model="auto", messages=MESSAGES, max_tokens=5, temperature=0.5
+    )
     (span,) = stack.spans.get_finished_spans()
     assert span.name == "chat auto"
     attrs = dict(span.attributes or {})

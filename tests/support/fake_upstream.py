@@ -81,7 +81,9 @@ class FakeUpstream:
             self.disconnects += 1  # as vLLM does, notice the hang-up and stop working
             return Response(status_code=499)
         if b.kind == "status":
-            return Response(orjson.dumps(b.body), b.status, b.headers, media_type="application/json")
+            return Response(
+                orjson.dumps(b.body), b.status, b.headers, media_type="application/json"
+            )
         if body.get("stream"):
             return StreamingResponse(self._events(body, b), media_type="text/event-stream")
         return Response(orjson.dumps(self._completion(body)), media_type="application/json")
@@ -98,21 +100,32 @@ class FakeUpstream:
     def _completion(self, body: dict[str, Any]) -> dict[str, Any]:
         n = body.get("n") or 1
         return {
-            "id": "cmpl-fake", "object": "chat.completion", "created": int(time.time()),
+            "id": "cmpl-fake",
+            "object": "chat.completion",
+            "created": int(time.time()),
             "model": body["model"],
             "choices": [
-                {"index": i, "message": {"role": "assistant", "content": f"hello from {self.name}"},
-                 "finish_reason": "stop", "logprobs": None}
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": f"hello from {self.name}"},
+                    "finish_reason": "stop",
+                    "logprobs": None,
+                }
                 for i in range(n)
             ],
             "usage": {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11},
-        }  # fmt: skip
+        }
 
-    def _chunk(self, body: dict[str, Any], delta: dict[str, Any], finish: str | None = None) -> bytes:
+    def _chunk(
+        self, body: dict[str, Any], delta: dict[str, Any], finish: str | None = None
+    ) -> bytes:
         chunk = {
-            "id": "chunk-fake", "object": "chat.completion.chunk", "created": 0, "model": body["model"],
+            "id": "chunk-fake",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": body["model"],
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        }  # fmt: skip
+        }
         return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
     async def _events(self, body: dict[str, Any], b: Behaviour) -> AsyncIterator[bytes]:
@@ -125,14 +138,30 @@ class FakeUpstream:
                     raise ConnectionAbortedError("scripted cut")  # uvicorn drops the connection
                 if i == b.after and b.kind == "stall_mid":
                     await asyncio.sleep(60)
-                yield self._chunk(body, {"content": f"tok{i} "}, "stop" if i == b.events - 1 else None)
+                yield self._chunk(
+                    body, {"content": f"tok{i} "}, "stop" if i == b.events - 1 else None
+                )
                 await asyncio.sleep(0)
             if (body.get("stream_options") or {}).get("include_usage"):
-                usage = {"prompt_tokens": 7, "completion_tokens": b.events, "total_tokens": 7 + b.events}
-                yield b"data: " + orjson.dumps(
-                    {"id": "chunk-fake", "object": "chat.completion.chunk", "created": 0,
-                     "model": body["model"], "choices": [], "usage": usage}
-                ) + b"\n\n"  # fmt: skip
+                usage = {
+                    "prompt_tokens": 7,
+                    "completion_tokens": b.events,
+                    "total_tokens": 7 + b.events,
+                }
+                yield (
+                    b"data: "
+                    + orjson.dumps(
+                        {
+                            "id": "chunk-fake",
+                            "object": "chat.completion.chunk",
+                            "created": 0,
+                            "model": body["model"],
+                            "choices": [],
+                            "usage": usage,
+                        }
+                    )
+                    + b"\n\n"
+                )
             yield b"data: [DONE]\n\n"
         except (asyncio.CancelledError, GeneratorExit):
             self.disconnects += 1

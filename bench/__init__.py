@@ -1,0 +1,1 @@
+"""Benchmarks, each run as python -m bench.<name>; see docs/benchmarks.md."""

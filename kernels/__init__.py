@@ -1,0 +1,1 @@
+"""Triton kernels for KV-cache compaction. Not built yet (issue #6)."""

@@ -1,0 +1,257 @@
+"""End to end: the official openai client against `gearshift serve` over real vLLM servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+FULL, FAST = "smollm2-135m", "smollm2-135m-fast"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_models(real_stack):
+    assert [m.id for m in real_stack.client().models.list()] == ["auto", FULL, FAST]
+
+
+def test_non_stream_answer(real_stack):
+    raw = real_stack.client().chat.completions.with_raw_response.create(
+        model=FULL, messages=QUESTION, max_tokens=20, temperature=0
+    )
+    answer = raw.parse()
+    assert "Paris" in answer.choices[0].message.content
+    assert answer.model == FULL and answer.usage.completion_tokens > 0
+    assert raw.headers["x-gearshift-tier"] == "full"
+    assert float(raw.headers["x-gearshift-overhead-ms"]) >= 0
+
+
+def test_auto_routes_a_short_prompt_to_the_fast_tier(real_stack):
+    raw = real_stack.client().chat.completions.with_raw_response.create(
+        model="auto", messages=QUESTION, max_tokens=8, temperature=0
+    )
+    assert raw.headers["x-gearshift-tier"] == "fast"
+    assert raw.headers["x-gearshift-route-reason"].startswith("length_threshold:")
+    assert raw.parse().model == FAST
+
+
+def test_stream_assembles_to_the_non_stream_answer(real_stack):
+    client = real_stack.client()
+    whole = client.chat.completions.create(
+        model=FULL, messages=QUESTION, max_tokens=24, temperature=0
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model=FULL, messages=QUESTION, max_tokens=24, temperature=0, stream=True
+        )
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole.choices[0].message.content
+    assert all(c.usage is None for c in chunks)  # not asked for, so not shown
+
+
+def test_stream_usage_when_asked(real_stack):
+    chunks = list(
+        real_stack.client().chat.completions.create(
+            model="auto",
+            messages=QUESTION,
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+
+
+def test_logprobs(real_stack):
+    answer = real_stack.client().chat.completions.create(
+        model=FULL, messages=QUESTION, max_tokens=10, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = answer.choices[0].logprobs.content
+    assert len(content) == answer.usage.completion_tokens
+    for token in content:
+        assert token.logprob <= 0 and len(token.top_logprobs) == 3
+        assert token.top_logprobs[0].logprob >= token.top_logprobs[-1].logprob
+
+
+def test_n_with_seed_is_reproducible(real_stack):
+    client = real_stack.client()
+    kwargs = {
+        "model": FULL,
+        "messages": [{"role": "user", "content": "Name an animal."}],
+        "n": 2,
+        "seed": 1234,
+        "temperature": 1.0,
+        "max_tokens": 12,
+    }
+    first, second = (
+        client.chat.completions.create(**kwargs),
+        client.chat.completions.create(**kwargs),
+    )
+    assert len(first.choices) == 2
+    assert [c.message.content for c in first.choices] == [c.message.content for c in second.choices]
+
+
+def test_forced_tool_call_with_strict_schema(real_stack):
+    answer = real_stack.client().chat.completions.create(
+        model="auto",
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=40,
+        temperature=0,
+    )
+    (call,) = answer.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and call.id
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+
+
+def test_streamed_tool_call_assembles(real_stack):
+    chunks = list(
+        real_stack.client().chat.completions.create(
+            model=FULL,
+            messages=[{"role": "user", "content": "Weather in Rome?"}],
+            tools=[WEATHER_TOOL],
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+        )
+    )
+    deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert deltas and deltas[0].id and deltas[0].function.name == "get_weather"
+    arguments = "".join(d.function.arguments or "" for d in deltas)
+    assert "city" in json.loads(arguments)
+
+
+def test_completions_endpoint(real_stack):
+    answer = real_stack.client().completions.create(
+        model=FULL, prompt="The capital of France is", max_tokens=5, temperature=0
+    )
+    assert answer.choices[0].text.strip()
+
+
+def test_errors(real_stack):
+    client = real_stack.client()
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.chat.completions.create(model="gpt-4o", messages=QUESTION)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.chat.completions.create(model=FULL, messages=QUESTION, temperature=5)
+    # Refused by vLLM itself (longer than the model's context): passed through as a 400.
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=FULL, messages=QUESTION, max_tokens=100_000)
+
+
+def _vllm_metric(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    match = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} ([0-9.e+]+)$", text, re.M)
+    assert match, f"vLLM metrics lack {name}"
+    return float(match.group(1))
+
+
+def _eventually(predicate, timeout: float, message: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.2)
+
+
+def test_client_disconnect_stops_generation(real_stack):
+    full = real_stack.full_url
+    before = _vllm_metric(full, "vllm:generation_tokens_total")
+    body = {
+        "model": FULL,
+        "messages": [{"role": "user", "content": "Write a very long story."}],
+        "max_tokens": 2000,
+        "stream": True,
+        "temperature": 0.8,
+        "ignore_eos": True,
+    }
+    with httpx.stream("POST", real_stack.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        chunks = r.iter_bytes()  # held: a dropped iterator would close the response at once
+        next(chunks)
+        _eventually(
+            lambda: _vllm_metric(full, "vllm:num_requests_running") == 1, 15, "request never ran"
+        )
+    _eventually(
+        lambda: _vllm_metric(full, "vllm:num_requests_running") == 0,
+        20,
+        "vLLM kept generating for a client that left",
+    )
+    # The with-block closed the connection after a few tokens of 2000.
+    generated = _vllm_metric(full, "vllm:generation_tokens_total") - before
+    assert generated < 1000, f"{generated} tokens generated of 2000: the abort came late"
+
+
+def test_metrics_count_tokens_per_tier(real_stack):
+    text = httpx.get(real_stack.url + "/metrics").text
+    prompt = re.search(
+        r'^gearshift_tokens_total\{kind="prompt",tier="full"\} ([0-9.]+)$', text, re.M
+    )
+    assert prompt and float(prompt.group(1)) > 0
+
+
+def test_zz_dead_fast_server_falls_back_then_restarts(real_stack):
+    """Runs last: kills the fast tier's vLLM server and watches the stack heal."""
+    port = real_stack.fast_url.rsplit(":", 1)[1]
+    pids = [p for p in os.listdir("/proc") if p.isdigit() and _is_fast_server(p, port)]
+    assert pids, "fast vLLM server process not found"
+    for pid in pids:
+        os.kill(int(pid), signal.SIGKILL)
+    client = real_stack.client()
+    deadline = time.monotonic() + 30
+    while True:  # until the gateway notices, requests may land on the dead replica and fall back
+        raw = client.chat.completions.with_raw_response.create(
+            model="auto", messages=QUESTION, max_tokens=4
+        )
+        if raw.headers["x-gearshift-tier"] == "full":
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    assert "fallback to full" in raw.headers["x-gearshift-route-reason"]
+    _eventually(
+        lambda: httpx.get(real_stack.url + "/ready").status_code == 503,
+        30,
+        "the gateway never noticed the dead fast tier",
+    )
+    _eventually(
+        lambda: httpx.get(real_stack.url + "/ready").status_code == 200,
+        300,
+        "the fast tier never came back",
+    )
+    raw = client.chat.completions.with_raw_response.create(
+        model="auto", messages=QUESTION, max_tokens=4
+    )
+    assert raw.headers["x-gearshift-tier"] == "fast"
+    assert "restart 1/2" in real_stack.log_path.read_text()
+
+
+def _is_fast_server(pid: str, port: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return False
+    return b"vllm.entrypoints.openai.api_server" in argv and port.encode() in argv

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import logging
+
+import pytest
+from pydantic import ValidationError
+
+from gateway.protocol import ChatCompletionRequest, CompletionRequest, describe, note_unknown_fields
+
+
+def test_unknown_fields_are_kept_and_logged_once(caplog):
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "brand_new_param": 1}
+    assert ChatCompletionRequest.model_validate(body).model_extra == {"brand_new_param": 1}
+    with caplog.at_level(logging.INFO, logger="gateway.protocol"):
+        note_unknown_fields("chat", body)
+        note_unknown_fields("chat", body)
+    assert [r.message for r in caplog.records].count(
+        "forwarding unrecognised chat field 'brand_new_param' to vLLM unchanged"
+    ) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (
+            {"model": "m", "messages": [{"role": "user", "content": 5}]},
+            "'messages.0.content': Input should be a valid string (got int '5')",
+        ),
+        (
+            {"model": "m", "messages": [{"role": "user"}], "seed": 1.5},
+            "'seed': Input should be a valid integer (got float '1.5')",
+        ),
+        ({"messages": [{"role": "user"}]}, "'model': Field required"),
+    ],
+)
+def test_describe_names_the_parameter(body, expected):
+    with pytest.raises(ValidationError) as err:
+        ChatCompletionRequest.model_validate(body)
+    assert describe(err.value)[0] == expected
+
+
+def test_completion_prompts():
+    for prompt in ("x", ["a", "b"], [1, 2], [[1], [2, 3]]):
+        CompletionRequest.model_validate({"model": "m", "prompt": prompt})
