@@ -12,7 +12,7 @@ from opentelemetry import trace
 from gateway.config import Settings
 from gateway.errors import register_exception_handlers
 from gateway.metrics import Metrics
-from gateway.middleware import RequestStamp
+from gateway.middleware import GatewayEntry
 from gateway.routes import openai, ops
 from gateway.serving import Gateway
 
@@ -45,5 +45,5 @@ def create_app(
     app.include_router(openai.build_router(gateway))
     app.include_router(ops.build_router(gateway))
     register_exception_handlers(app)
-    app.add_middleware(RequestStamp)
+    app.add_middleware(GatewayEntry, gateway=gateway)
     return app

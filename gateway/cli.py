@@ -173,7 +173,7 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
     key, digest = new_key()
     print(f"key (give it to the client, it is not stored): {key}")
     print("config entry:")
-    print(f"  - {{name: {args.name}, tenant: {args.tenant}, sha256: {digest}}}")
+    print(f"  - {{name: {args.name}, tenant: {args.tenant}, sha256: '{digest}'}}")
     return 0
 
 

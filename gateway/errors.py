@@ -132,6 +132,16 @@ def error_response(exc: GatewayError, request_id: str | None = None) -> Response
     return Response(orjson.dumps(exc.body()), exc.status, headers, media_type="application/json")
 
 
+def exception_response(exc: Exception, request_id: str | None) -> Response:
+    """Any exception as an OpenAI error; anything not a GatewayError is a bug and is logged."""
+    if isinstance(exc, GatewayError):
+        return error_response(exc, request_id)
+    log.error("unhandled error in request %s", request_id, exc_info=exc)
+    return error_response(
+        GatewayError(f"internal error; quote request id {request_id} when reporting it"), request_id
+    )
+
+
 def _request_id(request: Request) -> str | None:
     return getattr(request.state, "request_id", None)
 
@@ -148,7 +158,8 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def register_exception_handlers(app: FastAPI) -> None:
-    """The single place where exceptions become HTTP responses."""
+    """Route FastAPI's exceptions through this module (the completion endpoints,
+    served outside FastAPI's router, call ``exception_response`` directly)."""
 
     async def on_gateway_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, GatewayError)
@@ -175,10 +186,7 @@ def register_exception_handlers(app: FastAPI) -> None:
         return error_response(mapped, _request_id(request))
 
     async def on_bug(request: Request, exc: Exception) -> Response:
-        rid = _request_id(request)
-        log.exception("unhandled error in request %s", rid, exc_info=exc)
-        err = GatewayError(f"internal error; quote request id {rid} when reporting it")
-        return error_response(err, rid)
+        return exception_response(exc, _request_id(request))
 
     app.add_exception_handler(GatewayError, on_gateway_error)
     app.add_exception_handler(RequestValidationError, on_validation)

@@ -1,23 +1,14 @@
-"""The OpenAI endpoints: thin handlers over ``Gateway``."""
+"""The OpenAI model list. (The completion endpoints are served by ``gateway.middleware``.)"""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from starlette.responses import Response
 
 from gateway.serving import Gateway
 
 
 def build_router(gateway: Gateway) -> APIRouter:
     router = APIRouter(prefix="/v1")
-
-    @router.post("/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await gateway.handle(request, "chat")
-
-    @router.post("/completions")
-    async def completions(request: Request) -> Response:
-        return await gateway.handle(request, "completions")
 
     @router.get("/models")
     async def models(request: Request) -> dict[str, object]:
