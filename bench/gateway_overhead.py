@@ -237,6 +237,40 @@ def summarize(results: dict[str, dict[str, dict[int, dict[str, float]]]]) -> dic
     return summary
 
 
+def plot(results: dict[str, dict[str, dict[int, dict[str, float]]]], path: Path) -> None:
+    """CPU per request and throughput by concurrency, one panel pair per mode (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7), constrained_layout=True)
+    for col, mode in enumerate(MODES):
+        for name, style in (("gearshift", "o-"), ("litellm", "s--"), ("upstream", "^:")):
+            if name not in results:
+                continue
+            by_c = results[name][mode]
+            xs = list(by_c)
+            if name != "upstream":
+                axes[0][col].plot(xs, [by_c[c]["cpu_ms_per_req"] for c in xs], style, label=name)
+            axes[1][col].plot(xs, [by_c[c]["rps"] for c in xs], style, label=name)
+        title = "non-stream" if mode == "plain" else "stream (20 chunks)"
+        axes[0][col].set(
+            title=f"{title}: proxy CPU per request", ylabel="CPU-ms / request", yscale="log"
+        )
+        axes[1][col].set(
+            title=f"{title}: throughput, proxy on one core", ylabel="requests / s", yscale="log"
+        )
+        for ax in (axes[0][col], axes[1][col]):
+            ax.set(xscale="log", xlabel="concurrency", xticks=list(CONCURRENCY))
+            ax.set_xticklabels([str(c) for c in CONCURRENCY])
+            ax.grid(alpha=0.3)
+            ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"plot written to {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -244,6 +278,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer requests per cell")
     parser.add_argument(
         "--no-litellm", action="store_true", help="skip LiteLLM (no comparison ratios)"
+    )
+    parser.add_argument(
+        "--plot", type=Path, help="also draw the results into this PNG (needs matplotlib)"
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gearshift-bench-") as tmpdir:
@@ -266,6 +303,8 @@ def main() -> None:
                 if t.proc is not None:
                     stop(t.proc)
             stop(mock)
+    if args.plot:
+        plot(results, args.plot)
     print(json.dumps(summarize(results)))
 
 

@@ -77,6 +77,8 @@ class StreamRelay(Response):
                 client_gone = True
         finally:
             watch.cancel()
+            if not relay.done():  # we were cancelled ourselves (server shutdown)
+                relay.cancel()
             self._close_upstream()
             self._on_finish(self._ctx, error_kind, client_gone)
 

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
-from gateway.auth import Authenticator, Principal
+from gateway.auth import Authenticator
 from gateway.config import Settings
 from gateway.context import RequestContext
 from gateway.dispatch import Completed, Dispatcher, OpenStream, upstream_message
@@ -106,13 +106,11 @@ class Gateway:
     async def handle(self, request: Request, endpoint: str) -> Response:
         state = request.state
         ctx = RequestContext(state.request_id, state.t0, endpoint, requested_model="")
-        principal = self.auth.authenticate(request.headers.get("authorization"))
-        body = await self._read_json(request)
-        self._validate(endpoint, body)
-        ctx.requested_model = body["model"]
-        ctx.tenant = principal.tenant
-        ctx.session_id = request.headers.get("x-session-id") or body.get("user")
-        allow_fallback = self._route(ctx, body, principal)
+        try:
+            body, allow_fallback = await self._prepare(request, ctx)
+        except GatewayError as exc:  # refused before any tier was chosen
+            self.metrics.requests.labels(endpoint, "none", str(exc.status)).inc()
+            raise
         stream = bool(body.get("stream"))
         strip_usage = False
         if stream and not (body.get("stream_options") or {}).get("include_usage"):
@@ -135,6 +133,16 @@ class Gateway:
         if isinstance(result, OpenStream):
             return self._stream_response(ctx, span, result, strip_usage)
         return self._complete_response(ctx, span, result, stream)
+
+    async def _prepare(self, request: Request, ctx: RequestContext) -> tuple[dict[str, Any], bool]:
+        """Authenticate, read, validate and route; returns the body and whether fallback is allowed."""
+        principal = self.auth.authenticate(request.headers.get("authorization"))
+        body = await self._read_json(request)
+        self._validate(ctx.endpoint, body)
+        ctx.requested_model = body["model"]
+        ctx.tenant = principal.tenant
+        ctx.session_id = request.headers.get("x-session-id") or body.get("user")
+        return body, self._route(ctx, body)
 
     async def _read_json(self, request: Request) -> dict[str, Any]:
         limit = self.settings.limits.max_body_bytes
@@ -169,7 +177,7 @@ class Gateway:
             raise InvalidRequest(message, param=param) from None
         note_unknown_fields(endpoint, body)
 
-    def _route(self, ctx: RequestContext, body: dict[str, Any], principal: Principal) -> bool:
+    def _route(self, ctx: RequestContext, body: dict[str, Any]) -> bool:
         """Pick the tier; returns whether falling back to the other tier is allowed."""
         model = ctx.requested_model
         if model == "auto":

@@ -71,3 +71,9 @@ def test_bad_files(tmp_path):
         load_settings(write(tmp_path, "port: [1,\n"))
     with pytest.raises(ConfigError, match="mapping"):
         load_settings(write(tmp_path, "- 1\n"))
+
+
+def test_the_shipped_example_is_valid():
+    example = Path(__file__).parents[2] / "deploy" / "gearshift.example.yaml"
+    s = load_settings(example)
+    assert set(s.tiers) == {Tier.FULL, Tier.FAST} and s.auth.mode == "none"
