@@ -20,7 +20,7 @@ step() { printf '\n==> %s\n' "$*"; }
 
 step "gateway environment (.venv)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/pip install -q --disable-pip-version-check -e '.[test,bench]'
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test,bench,kernels]'
 
 stamp="$VLLM_REQS $MODEL_PKG"
 if [ "$(cat "$VLLM_VENV/.gearshift-stamp" 2>/dev/null)" != "$stamp" ]; then

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,18 @@ class Stack:
 
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
         return self.metrics.registry.get_sample_value(name, labels or {}) or 0.0
+
+    def wait_metric(
+        self, name: str, labels: dict[str, str], value: float, timeout: float = 5.0
+    ) -> None:
+        """Stream metrics are recorded when the relay finishes, just after the client's last
+        byte, so a test that reads them right away must give the server that moment."""
+        deadline = time.monotonic() + timeout
+        while self.metric(name, labels) != value:
+            assert time.monotonic() < deadline, (
+                f"{name}{labels} = {self.metric(name, labels)}, wanted {value}"
+            )
+            time.sleep(0.01)
 
 
 def dead_url() -> str:

@@ -159,11 +159,8 @@ def test_stream_cut_after_first_byte_ends_with_error_event(make_stack):
     assert [c.choices[0].delta.content for c in received[1:]] == ["tok0 ", "tok1 "][
         : len(received) - 1
     ]
-    assert (
-        stack.metric(
-            "gearshift_stream_errors_total", {"tier": "full", "kind": "upstream_unreachable"}
-        )
-        == 1
+    stack.wait_metric(
+        "gearshift_stream_errors_total", {"tier": "full", "kind": "upstream_unreachable"}, 1
     )
 
 

@@ -92,7 +92,7 @@ def test_stream_relays_events_and_hides_usage_it_added(make_stack):
     assert text == "tok0 tok1 tok2 tok3 tok4 "
     assert all(c.usage is None for c in chunks)
     assert full.requests[0]["stream_options"] == {"include_usage": True}
-    assert stack.metric("gearshift_tokens_total", {"tier": "full", "kind": "completion"}) == 5
+    stack.wait_metric("gearshift_tokens_total", {"tier": "full", "kind": "completion"}, 5)
 
 
 def test_stream_keeps_usage_when_client_asked(make_stack):
