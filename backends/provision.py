@@ -10,8 +10,10 @@ interrupted conversion start over instead of serving half a model.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -95,4 +97,62 @@ def provision(home: Path, python: Path, source: ModelSource = DEFAULT_MODEL) -> 
         )
         bar.update(1)
     (out / COMPLETE_MARKER).write_text(digest + "\n")
+    return out
+
+
+PRUNING = Path(__file__).with_name("pruning.py")
+CALIBRATION = Path(__file__).with_name("assets") / "calibration.jsonl"
+
+
+@dataclass(frozen=True, slots=True)
+class PruneOptions:
+    remove: int
+    method: str = "block-influence"
+    heal_steps: int = 0
+
+    def args(self) -> list[str]:
+        return [
+            "--remove",
+            str(self.remove),
+            "--method",
+            self.method,
+            "--heal-steps",
+            str(self.heal_steps),
+        ]
+
+
+def run_pruning(python: Path, args: list[str]) -> int:
+    """``python -m backends.pruning ARGS`` in the engine environment, output passed through."""
+    if not python.exists():
+        raise ProvisionError(
+            f"no engine environment at {python}; run scripts/install.sh or set embedded.vllm_python"
+        )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(PRUNING.parents[1]),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    return subprocess.run(
+        [str(python), "-m", "backends.pruning", *args], env=env, check=False
+    ).returncode
+
+
+def provision_pruned(home: Path, python: Path, full_dir: Path, options: PruneOptions) -> Path:
+    """The fast-tier variant of ``full_dir``, built once per source, options and pruning code."""
+    key = hashlib.sha256()
+    key.update(full_dir.name.encode())  # carries the source weights' hash
+    key.update(json.dumps(options.args()).encode())
+    key.update(CALIBRATION.read_bytes())
+    key.update(PRUNING.read_bytes())
+    out = home / "models" / f"{full_dir.name}-pruned-{key.hexdigest()[:10]}"
+    if (out / COMPLETE_MARKER).exists():
+        log.info("fast-tier model cached at %s", out)
+        return out
+    tqdm.write(
+        f"[provision] building the fast tier: {' '.join(options.args())} (once; about a minute)"
+    )
+    if run_pruning(python, [str(full_dir), str(out), *options.args()]) != 0:
+        raise ProvisionError("pruning the fast-tier model failed; see the output above")
+    (out / COMPLETE_MARKER).write_text(key.hexdigest() + "\n")
     return out

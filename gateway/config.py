@@ -34,6 +34,9 @@ class TierSettings(Section):
     fallback: bool = Field(
         default=True, description="serve from the other tier when this one is down"
     )
+    tool_call_parser: str | None = Field(
+        default=None, description="the replicas' --tool-call-parser; must match across tiers"
+    )
 
     @field_validator("replicas")
     @classmethod
@@ -104,6 +107,11 @@ class TelemetrySettings(Section):
     exporter: Literal["none", "otlp", "console"] = "none"
     otlp_endpoint: str | None = None
     service_name: str = "gearshift"
+    scrape_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="how often replicas' /metrics are scraped (spec decoding, queues)",
+    )
 
 
 class EmbeddedSettings(Section):
@@ -126,6 +134,16 @@ class EmbeddedSettings(Section):
     max_restarts: int = Field(
         default=3, ge=0, description="restarts of a dead vLLM server before it is reported failed"
     )
+    fast_mode: Literal["lossy", "lossless", "ngram"] = Field(
+        default="lossy",
+        description="lossy: the pruned model serves (ngram speculation); lossless: the full model "
+        "serves with the pruned one as its draft; ngram: the full model with ngram speculation",
+    )
+    prune_remove: int = Field(
+        default=4, ge=1, description="decoder layers removed for the fast tier"
+    )
+    prune_method: Literal["block-influence", "angular"] = "block-influence"
+    heal_steps: int = Field(default=100, ge=0, description="distillation steps after pruning")
 
     @property
     def python(self) -> Path:

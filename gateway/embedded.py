@@ -1,9 +1,9 @@
 """The embedded default stack: default model, two supervised vLLM servers, their tiers.
 
-Used by ``gearshift serve`` when the configuration names no replicas. Until
-the fast-tier work lands, the fast tier serves the full model with ngram
-speculative decoding (said at start-up): same family by construction, and a
-real second server so routing, fallback and metrics are exercised end to end.
+Used by ``gearshift serve`` when the configuration names no replicas. The fast
+tier is built from the full model by ``backends.pruning`` at provisioning time
+(cached) and served in the configured ``embedded.fast_mode``; see
+docs/fast-tier.md. ``serve`` says at start-up which mode runs.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 
-from backends.provision import DEFAULT_MODEL, provision
+from backends.family import check_same_family, fingerprint
+from backends.provision import DEFAULT_MODEL, PruneOptions, provision, provision_pruned
 from backends.supervisor import Supervisor
 from backends.vllm_server import NGRAM_SPECULATION, VllmServerSpec, cpu_binds
 from gateway.config import EmbeddedSettings, TierSettings
@@ -28,6 +30,36 @@ FAST_MODEL_NAME = "smollm2-135m-fast"
 class EmbeddedStack:
     supervisor: Supervisor
     tiers: dict[Tier, TierSettings]
+    model_dirs: dict[Tier, Path]
+
+
+def _fast_spec(
+    settings: EmbeddedSettings, full: VllmServerSpec, cpu_bind: str | None
+) -> tuple[VllmServerSpec, str]:
+    """The fast tier's server for the configured mode, and a sentence saying what it is."""
+    base = replace(
+        full,
+        name="fast",
+        served_model_name=FAST_MODEL_NAME,
+        port=settings.fast_port,
+        cpu_bind=cpu_bind,
+    )
+    if settings.fast_mode == "ngram":
+        return replace(base, speculative=NGRAM_SPECULATION), (
+            f"the full-depth {DEFAULT_MODEL.name} with ngram speculative decoding (fast_mode: ngram)"
+        )
+    options = PruneOptions(settings.prune_remove, settings.prune_method, settings.heal_steps)
+    pruned = provision_pruned(settings.home, settings.python, full.model_dir, options)
+    if settings.fast_mode == "lossy":
+        return replace(base, model_dir=pruned, speculative=NGRAM_SPECULATION), (
+            f"{DEFAULT_MODEL.name} with {settings.prune_remove} layers pruned ({settings.prune_method}, "
+            f"{settings.heal_steps} healing steps) and ngram speculative decoding (fast_mode: lossy)"
+        )
+    draft = {"method": "draft_model", "model": str(pruned), "num_speculative_tokens": 3}
+    return replace(base, speculative=draft), (
+        f"the full-depth {DEFAULT_MODEL.name} drafted by its {settings.prune_remove}-layer-pruned variant: "
+        "greedy outputs match the full tier (fast_mode: lossless)"
+    )
 
 
 def build_stack(settings: EmbeddedSettings) -> EmbeddedStack:
@@ -42,19 +74,8 @@ def build_stack(settings: EmbeddedSettings) -> EmbeddedStack:
         max_model_len=settings.max_model_len,
         kv_cache_bytes=settings.kv_cache_bytes,
     )
-    fast = replace(
-        full,
-        name="fast",
-        served_model_name=FAST_MODEL_NAME,
-        port=settings.fast_port,
-        cpu_bind=binds[1],
-        speculative=NGRAM_SPECULATION,
-    )
-    log.info(
-        "fast tier: serving the full-depth %s with ngram speculative decoding "
-        "(the layer-pruned fast variant is not built yet)",
-        DEFAULT_MODEL.name,
-    )
+    fast, description = _fast_spec(settings, full, binds[1])
+    log.info("fast tier: %s", description)
     supervisor = Supervisor(
         [full, fast],
         python=settings.python,
@@ -62,8 +83,14 @@ def build_stack(settings: EmbeddedSettings) -> EmbeddedStack:
         startup_timeout_s=settings.startup_timeout_s,
         max_restarts=settings.max_restarts,
     )
+    # Refuse to start two tiers that could not share a conversation.
+    check_same_family(
+        {str(s.name): fingerprint(s.model_dir, s.tool_call_parser) for s in (full, fast)}
+    )
     tiers = {
-        Tier.FULL: TierSettings(model=FULL_MODEL_NAME, replicas=[full.base_url]),
-        Tier.FAST: TierSettings(model=FAST_MODEL_NAME, replicas=[fast.base_url]),
+        t: TierSettings(
+            model=s.served_model_name, replicas=[s.base_url], tool_call_parser=s.tool_call_parser
+        )
+        for t, s in ((Tier.FULL, full), (Tier.FAST, fast))
     }
-    return EmbeddedStack(supervisor, tiers)
+    return EmbeddedStack(supervisor, tiers, {Tier.FULL: full.model_dir, Tier.FAST: fast.model_dir})

@@ -81,6 +81,26 @@ class Metrics:
             ["tier"],
             registry=r,
         )
+        self.spec_drafts = Gauge(
+            "gearshift_spec_decode_drafts", "Speculative-decoding drafts proposed by the tier's engines (cumulative)",
+            ["tier"], registry=r,
+        )  # fmt: skip
+        self.spec_draft_tokens = Gauge(
+            "gearshift_spec_decode_draft_tokens", "Draft tokens proposed by the tier's engines (cumulative)",
+            ["tier"], registry=r,
+        )  # fmt: skip
+        self.spec_accepted_tokens = Gauge(
+            "gearshift_spec_decode_accepted_tokens", "Draft tokens accepted by the tier's engines (cumulative)",
+            ["tier"], registry=r,
+        )  # fmt: skip
+        self.spec_acceptance_rate = Gauge(
+            "gearshift_spec_decode_acceptance_rate", "Accepted / drafted tokens since the previous scrape",
+            ["tier"], registry=r,
+        )  # fmt: skip
+        self.replica_queue = Gauge(
+            "gearshift_replica_requests", "Requests running or waiting in a replica's engine",
+            ["tier", "replica", "state"], registry=r,
+        )  # fmt: skip
         self.replica_healthy = Gauge(
             "gearshift_replica_healthy",
             "1 when a replica passes its health checks",

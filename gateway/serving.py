@@ -35,6 +35,7 @@ from gateway.protocol import (
     note_unknown_fields,
 )
 from gateway.relay import StreamRelay, wait_disconnect
+from gateway.scrape import Scraper
 from gateway.telemetry import build_tracer_provider, end_span, start_span
 from gateway.upstream import new_session
 from router import RouteRequest, Tier, build_policy
@@ -75,6 +76,7 @@ class Gateway:
         for tier, ts in settings.tiers.items():
             self.models[ts.model] = tier
             self.models.setdefault(tier.value, tier)  # "full"/"fast" pin a tier too
+        self.scraper = Scraper(self.pools, self.metrics, settings.telemetry.scrape_interval_s)
         self.tracer_provider = tracer_provider or build_tracer_provider(settings.telemetry)
         self.tracer = self.tracer_provider.get_tracer("gearshift")
         self.created = int(time.time())
@@ -88,8 +90,10 @@ class Gateway:
         )
         for pool in self.pools.values():
             pool.start_health_checks(self._session)
+        self.scraper.start(self._session)
 
     async def close(self) -> None:
+        await self.scraper.stop()
         for pool in self.pools.values():
             await pool.stop()
         if self._session is not None:

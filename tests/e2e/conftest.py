@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -33,15 +34,18 @@ class RealStack:
         )
 
 
-@pytest.fixture(scope="session")
-def real_stack(tmp_path_factory) -> Iterator[RealStack]:
+@contextlib.contextmanager
+def start_stack(log_dir: Path, **embedded: str) -> Iterator[RealStack]:
+    """`gearshift serve` on free ports with GEARSHIFT_EMBEDDED__* overrides; stopped on exit."""
     port, full_port, fast_port = free_port(), free_port(), free_port()
-    log_path = tmp_path_factory.mktemp("e2e") / "gearshift-serve.log"
+    log_path = log_dir / "gearshift-serve.log"
     env = {
         **os.environ,
         "GEARSHIFT_EMBEDDED__FULL_PORT": str(full_port),
         "GEARSHIFT_EMBEDDED__FAST_PORT": str(fast_port),
         "GEARSHIFT_EMBEDDED__MAX_RESTARTS": "2",
+        "GEARSHIFT_TELEMETRY__SCRAPE_INTERVAL_S": "1",
+        **{f"GEARSHIFT_EMBEDDED__{k.upper()}": v for k, v in embedded.items()},
     }
     gearshift = Path(sys.executable).with_name("gearshift")
     with log_path.open("wb") as log:
@@ -82,3 +86,10 @@ def real_stack(tmp_path_factory) -> Iterator[RealStack]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="session")
+def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
+    """The default stack: the fast tier serves the pruned model (fast_mode: lossy)."""
+    with start_stack(tmp_path_factory.mktemp("e2e")) as stack:
+        yield stack

@@ -213,6 +213,27 @@ def test_metrics_count_tokens_per_tier(real_stack):
     assert prompt and float(prompt.group(1)) > 0
 
 
+def test_speculative_decoding_metrics_per_tier(real_stack):
+    client = real_stack.client()
+    client.chat.completions.create(model="fast", messages=QUESTION, max_tokens=32, temperature=0)
+
+    def drafted() -> float:
+        text = httpx.get(real_stack.url + "/metrics").text
+        match = re.search(
+            r'^gearshift_spec_decode_draft_tokens\{tier="fast"\} ([0-9.e+]+)$', text, re.M
+        )
+        return float(match.group(1)) if match else 0.0
+
+    _eventually(
+        lambda: drafted() > 0, 15, "fast tier's draft tokens never reached the gateway's metrics"
+    )
+    text = httpx.get(real_stack.url + "/metrics").text
+    assert re.search(
+        r'^gearshift_spec_decode_acceptance_rate\{tier="fast"\} [0-9.e+-]+$', text, re.M
+    )
+    assert 'gearshift_replica_requests{replica="' in text
+
+
 def test_zz_dead_fast_server_falls_back_then_restarts(real_stack):
     """Runs last: kills the fast tier's vLLM server and watches the stack heal."""
     port = real_stack.fast_url.rsplit(":", 1)[1]
@@ -255,3 +276,9 @@ def _is_fast_server(pid: str, port: str) -> bool:
     except OSError:
         return False
     return b"vllm.entrypoints.openai.api_server" in argv and port.encode() in argv
+
+
+def test_default_fast_tier_is_the_pruned_model(real_stack):
+    log = real_stack.log_path.read_text()
+    assert "fast_mode: lossy" in log and "layers pruned" in log
+    assert "Gearshift ready" in log  # the same-family check passed

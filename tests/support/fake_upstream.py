@@ -52,6 +52,8 @@ class FakeUpstream:
         self.requests: list[dict[str, Any]] = []
         self.disconnects = 0  # requests the gateway abandoned mid-answer
         self.healthy = True
+        self.vocab_shift = 0  # /tokenize: change to act as another tokenizer
+        self.template = "<chat>{}</chat>"  # /tokenize: change to act as another chat template
         self.health_checks = 0
         self._lock = threading.Lock()
         self.app = Starlette(
@@ -59,12 +61,26 @@ class FakeUpstream:
                 Route("/v1/chat/completions", self._complete, methods=["POST"]),
                 Route("/v1/completions", self._complete, methods=["POST"]),
                 Route("/health", self._health, methods=["GET"]),
+                Route("/tokenize", self._tokenize, methods=["POST"]),
             ]
         )
 
     def then(self, *behaviours: Behaviour) -> FakeUpstream:
         self.script.extend(behaviours)
         return self
+
+    async def _tokenize(self, request: Request) -> Response:
+        """A stand-in tokenizer: code points, shifted by ``vocab_shift``; a chat is rendered
+        by ``template`` (a format string over the messages' JSON) first."""
+        body = orjson.loads(await request.body())
+        if "messages" in body:
+            text = self.template.format(orjson.dumps(body["messages"]).decode())
+        else:
+            text = body["prompt"]
+        tokens = [ord(c) + self.vocab_shift for c in text]
+        return Response(
+            orjson.dumps({"tokens": tokens, "count": len(tokens)}), media_type="application/json"
+        )
 
     async def _health(self, request: Request) -> Response:
         self.health_checks += 1

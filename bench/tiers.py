@@ -1,0 +1,274 @@
+"""Fast tier vs full tier of the embedded default: speed and quality retention, in one run.
+
+    python -m bench.tiers [--modes lossy,lossless] [--heal-steps 60] [--url URL]
+
+For each fast-tier mode it starts ``gearshift serve`` (embedded stack, its own ports) — for
+``lossy`` twice, without and with healing — and sends the same prompts to both tiers
+(pinned by model name, greedy decoding):
+
+* decode speed on natural answers (each question below, asked to explain itself; answers
+  stop on their own): streamed tokens per second after the first token at concurrency 1, and
+  total tokens per second four requests at a time; ``speedup_c1``/``speedup_c4`` = fast / full;
+* exact-answer questions (answer must contain the expected text), greedy agreement with the
+  full tier (identical completions), and forced tool calls (``tool_choice`` naming the
+  function, strict schema; the arguments must parse and name the expected value);
+  ``quality_retention`` = fast's correct answers + tool passes over the full tier's.
+
+``--url`` measures an already running gateway instead (one mode, as configured there).
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.procs import wait_http
+
+FULL, FAST = "full", "fast"
+QUESTIONS = [
+    ("What is the capital of France?", "Paris"),
+    ("What is the capital of Japan?", "Tokyo"),
+    ("What is the capital of Italy?", "Rome"),
+    ("What is the capital of Germany?", "Berlin"),
+    ("What is the capital of Spain?", "Madrid"),
+    ("What is the capital of Egypt?", "Cairo"),
+    ("What is the capital of Canada?", "Ottawa"),
+    ("What is the largest planet in the solar system?", "Jupiter"),
+    ("Which planet is known as the Red Planet?", "Mars"),
+    ("What gas do plants absorb from the air for photosynthesis?", "carbon dioxide"),
+    ("Who wrote Romeo and Juliet?", "Shakespeare"),
+    ("What is the chemical symbol for water?", "H2O"),
+    ("How many days are there in a week?", "seven"),
+    ("What is the freezing point of water in degrees Celsius?", "0"),
+    ("What is 2 + 2?", "4"),
+    ("What colour is the sky on a clear day?", "blue"),
+    ("What is the opposite of hot?", "cold"),
+    ("Which animal is known as the king of the jungle?", "lion"),
+    ("What is the tallest mountain in the world?", "Everest"),
+    ("In which country are the pyramids of Giza?", "Egypt"),
+]
+TOOL_TASKS = [
+    ("What's the weather like in Paris right now?", "get_weather", "city", "Paris"),
+    ("Tell me the current weather in Tokyo.", "get_weather", "city", "Tokyo"),
+    ("Is it raining in London?", "get_weather", "city", "London"),
+    ("Weather report for Madrid, please.", "get_weather", "city", "Madrid"),
+    ("Send an email to alice@example.com saying hello.", "send_email", "to", "alice@example.com"),
+    ("Email bob@example.com about the meeting.", "send_email", "to", "bob@example.com"),
+    ("Look up the stock price of AAPL.", "get_stock_price", "symbol", "AAPL"),
+    ("What is MSFT trading at?", "get_stock_price", "symbol", "MSFT"),
+]
+TOOLS = {
+    "get_weather": {"city": {"type": "string", "description": "city name"}},
+    "send_email": {
+        "to": {"type": "string", "description": "recipient address"},
+        "body": {"type": "string"},
+    },
+    "get_stock_price": {"symbol": {"type": "string", "description": "ticker symbol"}},
+}
+
+
+def tool_spec(name: str) -> dict[str, Any]:
+    props = TOOLS[name]
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "strict": True,
+            "parameters": {
+                "type": "object",
+                "properties": props,
+                "required": list(props),
+                "additionalProperties": False,
+            },
+        },
+    }
+
+
+async def chat(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    async with session.post(url + "/v1/chat/completions", json=body) as resp:
+        data: dict[str, Any] = await resp.json()
+        if resp.status != 200:
+            raise RuntimeError(f"{resp.status}: {data}")
+        return data
+
+
+async def stream_speed(
+    session: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int
+) -> tuple[int, float, float]:
+    """(tokens, seconds to first token, seconds from first to last token) of one streamed answer."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    started = time.perf_counter()
+    first = last = None
+    tokens = 0
+    async with session.post(url + "/v1/chat/completions", json=body) as resp:
+        async for line in resp.content:
+            if not line.startswith(b"data: {"):
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+            elif event.get("choices") and event["choices"][0]["delta"].get("content"):
+                now = time.perf_counter()
+                first = first or now
+                last = now
+    assert first is not None and last is not None, "no content streamed"
+    return tokens, first - started, last - first
+
+
+def _decode_rate(runs: list[tuple[int, float, float]]) -> float:
+    """Tokens after the first, over the time they took, pooled over the prompts."""
+    return sum(n - 1 for n, _, _ in runs) / sum(dt for _, _, dt in runs)
+
+
+async def speed(
+    session: aiohttp.ClientSession, url: str, model: str, max_tokens: int
+) -> dict[str, float]:
+    """Decode speed on natural answers to the question set (they stop on their own, at most
+    ``max_tokens``): concurrency 1, then the same prompts four at a time."""
+    prompts = [f"{q} Explain your answer in a short paragraph." for q, _ in QUESTIONS]
+    await stream_speed(
+        session, url, model, prompts[0], 8
+    )  # warm-up (ngram speculation JIT-compiles)
+    sequential = [await stream_speed(session, url, model, p, max_tokens) for p in prompts]
+    started = time.perf_counter()
+    total = 0
+    for i in range(0, len(prompts), 4):
+        batch = await asyncio.gather(
+            *(stream_speed(session, url, model, p, max_tokens) for p in prompts[i : i + 4])
+        )
+        total += sum(n for n, _, _ in batch)
+    return {
+        "tok_s_c1": round(_decode_rate(sequential), 1),
+        "tok_s_c4": round(total / (time.perf_counter() - started), 1),
+        "tokens_c1": sum(n for n, _, _ in sequential),
+    }
+
+
+async def quality(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    answers: dict[str, list[str]] = {FULL: [], FAST: []}
+    correct = {FULL: 0, FAST: 0}
+    for question, expected in QUESTIONS:
+        for model in (FULL, FAST):
+            data = await chat(session, url, {"model": model, "messages": [{"role": "user", "content": question}],
+                                              "max_tokens": 48, "temperature": 0})  # fmt: skip
+            text = data["choices"][0]["message"]["content"] or ""
+            answers[model].append(text)
+            correct[model] += expected.lower() in text.lower()
+    agreement = sum(a == b for a, b in zip(answers[FULL], answers[FAST], strict=True)) / len(
+        QUESTIONS
+    )
+    tools = {FULL: 0, FAST: 0}
+    for prompt, name, arg, value in TOOL_TASKS:
+        for model in (FULL, FAST):
+            body = {"model": model, "messages": [{"role": "user", "content": prompt}], "tools": [tool_spec(name)],
+                    "tool_choice": {"type": "function", "function": {"name": name}}, "max_tokens": 64, "temperature": 0}  # fmt: skip
+            data = await chat(session, url, body)
+            calls = data["choices"][0]["message"].get("tool_calls") or []
+            try:
+                args = json.loads(calls[0]["function"]["arguments"]) if calls else {}
+            except json.JSONDecodeError:
+                args = {}
+            tools[model] += str(args.get(arg, "")).lower() == value.lower()
+    full_score = correct[FULL] + tools[FULL]
+    return {
+        "exact_full": correct[FULL], "exact_fast": correct[FAST], "exact_total": len(QUESTIONS),
+        "tool_full": tools[FULL], "tool_fast": tools[FAST], "tool_total": len(TOOL_TASKS),
+        "greedy_agreement": round(agreement, 3),
+        "quality_retention": round((correct[FAST] + tools[FAST]) / full_score, 3) if full_score else None,
+    }  # fmt: skip
+
+
+async def measure(url: str, max_tokens: int) -> dict[str, Any]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        full = await speed(session, url, FULL, max_tokens)
+        fast = await speed(session, url, FAST, max_tokens)
+        q = await quality(session, url)
+    return {"full": full, "fast": fast, "speedup_c1": round(fast["tok_s_c1"] / full["tok_s_c1"], 2),
+            "speedup_c4": round(fast["tok_s_c4"] / full["tok_s_c4"], 2), **q}  # fmt: skip
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_stack(mode: str, heal_steps: int, remove: int, max_tokens: int) -> dict[str, Any]:
+    port, full_port, fast_port = free_port(), free_port(), free_port()
+    env = {**os.environ, "GEARSHIFT_EMBEDDED__FAST_MODE": mode, "GEARSHIFT_EMBEDDED__HEAL_STEPS": str(heal_steps),
+           "GEARSHIFT_EMBEDDED__PRUNE_REMOVE": str(remove),
+           "GEARSHIFT_EMBEDDED__FULL_PORT": str(full_port), "GEARSHIFT_EMBEDDED__FAST_PORT": str(fast_port)}  # fmt: skip
+    gearshift = Path(sys.executable).with_name("gearshift")
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "serve.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [str(gearshift), "serve", "--port", str(port)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        try:
+            print(
+                f"[{mode}, heal {heal_steps}] starting the stack (provisioning the fast tier if needed)",
+                flush=True,
+            )
+            wait_http(f"http://127.0.0.1:{port}/ready", proc, log, timeout_s=1200)  # type: ignore[arg-type]
+            result = asyncio.run(measure(f"http://127.0.0.1:{port}", max_tokens))
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    result.update({"mode": mode, "heal_steps": heal_steps, "layers_removed": remove})
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--modes", default="lossy,lossless")
+    parser.add_argument("--heal-steps", type=int, default=60)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--remove", type=int, default=8, help="layers pruned for the fast tier")
+    parser.add_argument(
+        "--skip-unhealed", action="store_true", help="lossy: do not also measure before healing"
+    )
+    parser.add_argument("--url", help="measure a running gateway instead of starting stacks")
+    args = parser.parse_args()
+    if args.url:
+        runs = [asyncio.run(measure(args.url.rstrip("/"), args.max_tokens))]
+    else:
+        runs = []
+        for mode in args.modes.split(","):
+            if mode == "lossy" and args.heal_steps and not args.skip_unhealed:
+                runs.append(run_stack(mode, 0, args.remove, args.max_tokens))  # before healing
+            runs.append(run_stack(mode, args.heal_steps, args.remove, args.max_tokens))
+    headline = next((r for r in reversed(runs) if r.get("mode") == "lossy"), runs[-1])
+    summary = {
+        k: headline[k]
+        for k in ("speedup_c1", "speedup_c4", "quality_retention", "greedy_agreement")
+    }
+    print(json.dumps({**summary, "runs": runs}))
+
+
+if __name__ == "__main__":
+    main()
