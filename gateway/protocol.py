@@ -98,14 +98,13 @@ _KNOWN = {
     "chat": frozenset(ChatCompletionRequest.model_fields),
     "completions": frozenset(CompletionRequest.model_fields),
 }
-_logged_unknown: set[str] = set()
 
 
-def note_unknown_fields(endpoint: str, body: dict[str, Any]) -> None:
-    """Log, once per name, top-level fields the gateway forwards without knowing them."""
+def note_unknown_fields(endpoint: str, body: dict[str, Any], seen: set[str]) -> None:
+    """Log, once per name (``seen`` remembers), top-level fields forwarded without being known."""
     for key in body.keys() - _KNOWN[endpoint]:
-        if key not in _logged_unknown:
-            _logged_unknown.add(key)
+        if key not in seen:
+            seen.add(key)
             log.info("forwarding unrecognised %s field %r to vLLM unchanged", endpoint, key)
 
 

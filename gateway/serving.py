@@ -81,6 +81,7 @@ class Gateway:
         self.tracer = self.tracer_provider.get_tracer("gearshift")
         self.created = int(time.time())
         self._session: aiohttp.ClientSession | None = None
+        self._unknown_fields: set[str] = set()  # already logged as forwarded unknown
         self._dispatcher: Dispatcher | None = None
 
     async def start(self) -> None:
@@ -179,7 +180,7 @@ class Gateway:
         except ValidationError as exc:
             message, param = describe(exc)
             raise InvalidRequest(message, param=param) from None
-        note_unknown_fields(endpoint, body)
+        note_unknown_fields(endpoint, body, self._unknown_fields)
 
     def _route(self, ctx: RequestContext, body: dict[str, Any]) -> bool:
         """Pick the tier; returns whether falling back to the other tier is allowed."""

@@ -12,8 +12,9 @@ def test_unknown_fields_are_kept_and_logged_once(caplog):
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "brand_new_param": 1}
     assert ChatCompletionRequest.model_validate(body).model_extra == {"brand_new_param": 1}
     with caplog.at_level(logging.INFO, logger="gateway.protocol"):
-        note_unknown_fields("chat", body)
-        note_unknown_fields("chat", body)
+        seen: set[str] = set()
+        note_unknown_fields("chat", body, seen)
+        note_unknown_fields("chat", body, seen)
     assert [r.message for r in caplog.records].count(
         "forwarding unrecognised chat field 'brand_new_param' to vLLM unchanged"
     ) == 1
