@@ -150,7 +150,7 @@ def provision_pruned(home: Path, python: Path, full_dir: Path, options: PruneOpt
         log.info("fast-tier model cached at %s", out)
         return out
     tqdm.write(
-        f"[provision] building the fast tier: {' '.join(options.args())} (once; about a minute)"
+        f"[provision] building the fast tier: {' '.join(options.args())} (once; a few minutes on 2 cores)"
     )
     if run_pruning(python, [str(full_dir), str(out), *options.args()]) != 0:
         raise ProvisionError("pruning the fast-tier model failed; see the output above")
