@@ -91,7 +91,9 @@ class Supervisor:
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._ready_path = ready_path
         self._servers = {
-            s.name: Managed(s, argv_for(s, python), log_dir / f"vllm-{s.name}.log") for s in specs
+            # The port is in the name: two stacks may share a cache folder.
+            s.name: Managed(s, argv_for(s, python), log_dir / f"vllm-{s.name}-{s.port}.log")
+            for s in specs
         }
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -170,6 +172,9 @@ class Supervisor:
                 code = await m.process.wait()
             if self._stopping:
                 return
+            # The API process is gone, but its engine and worker processes may not be (a
+            # SIGKILL or a crash does not take them): end the whole group before restarting.
+            self._kill(m, signal.SIGKILL)
             m.last_exit = code
             m.ready.set()  # wake waiters; they look at the state
             if m.restarts >= self._max_restarts:

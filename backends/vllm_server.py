@@ -44,6 +44,7 @@ class VllmServerSpec:
     kv_cache_bytes: int = 256 * 1024 * 1024
     speculative: Mapping[str, Any] | None = None
     tool_call_parser: str = "hermes"
+    dtype: str = "bfloat16"
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -65,7 +66,7 @@ def command(spec: VllmServerSpec, python: Path) -> list[str]:
         "--port",
         str(spec.port),
         "--dtype",
-        "bfloat16",
+        spec.dtype,
         "--enforce-eager",
         "--max-model-len",
         str(spec.max_model_len),

@@ -143,6 +143,11 @@ class EmbeddedSettings(Section):
         default=4, ge=1, description="decoder layers removed for the fast tier"
     )
     prune_method: Literal["block-influence", "angular"] = "block-influence"
+    dtype: Literal["bfloat16", "float32"] = Field(
+        default="bfloat16",
+        description="weights and activations of both servers; float32 doubles the KV budget "
+        "and makes greedy decoding agree across speculative and plain decoding (docs/fast-tier.md)",
+    )
     heal_steps: int = Field(default=100, ge=0, description="distillation steps after pruning")
 
     @property

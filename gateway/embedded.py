@@ -72,7 +72,9 @@ def build_stack(settings: EmbeddedSettings) -> EmbeddedStack:
         port=settings.full_port,
         cpu_bind=binds[0],
         max_model_len=settings.max_model_len,
-        kv_cache_bytes=settings.kv_cache_bytes,
+        # float32 entries take twice the bytes of bf16 ones: keep the same token capacity.
+        kv_cache_bytes=settings.kv_cache_bytes * (2 if settings.dtype == "float32" else 1),
+        dtype=settings.dtype,
     )
     fast, description = _fast_spec(settings, full, binds[1])
     log.info("fast tier: %s", description)

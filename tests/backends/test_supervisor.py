@@ -94,7 +94,7 @@ async def test_stop_takes_the_whole_process_group(tmp_path):
     sup = supervisor(tmp_path, specs(1), mode="grandchild")
     await sup.start()
     await asyncio.wait_for(sup.wait_ready(), 20)
-    log = (tmp_path / "vllm-s0.log").read_text()
+    log = sup.servers["s0"].log_path.read_text()
     grandchild = int(re.search(r"grandchild (\d+)", log).group(1))
     assert alive(grandchild)
     await sup.stop()

@@ -25,6 +25,11 @@ def test_command_uses_the_module_entry_point_and_explicit_kv_cache():
     assert "--enforce-eager" in argv and "--speculative-config" not in argv
 
 
+def test_dtype_is_passed():
+    argv = command(spec(dtype="float32"), Path("p"))
+    assert argv[argv.index("--dtype") + 1] == "float32"
+
+
 def test_speculative_config_is_json():
     argv = command(spec(speculative=NGRAM_SPECULATION), Path("p"))
     assert json.loads(argv[argv.index("--speculative-config") + 1])["method"] == "ngram"

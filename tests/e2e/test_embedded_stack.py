@@ -267,6 +267,19 @@ def test_zz_dead_fast_server_falls_back_then_restarts(real_stack):
     )
     assert raw.headers["x-gearshift-tier"] == "fast"
     assert "restart 1/2" in real_stack.log_path.read_text()
+    # The killed server's engine processes went with it: only the restarted server's remain.
+    engines = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).startswith(b"VLLM::")]
+    assert len(engines) <= 4, (
+        f"{len(engines)} vLLM engine/worker processes: the killed one's leaked"
+    )
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return b""
 
 
 def _is_fast_server(pid: str, port: str) -> bool:

@@ -24,7 +24,7 @@ def lossless_stack(tmp_path_factory: pytest.TempPathFactory, real_stack: RealSta
 
 
 def test_lossless_fast_tier_serves_the_full_model(lossless_stack):
-    """Greedy answers agree with the full tier's on most prompts, not all: on CPU in bf16 the
+    """Greedy answers agree with the full tier's on most prompts, not all: in bf16 on CPU the
     verification pass (several tokens at once) and plain decoding (one token) round
     differently, which flips near-tied tokens (measured agreement: docs/fast-tier.md)."""
     client = lossless_stack.client()
