@@ -10,8 +10,6 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import aiohttp  # noqa: F401  (imported so a missing install fails early, not mid-run)
-
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 

@@ -43,6 +43,16 @@ def _load_keys(  # type: ignore[no-untyped-def]
     return k.to(tl.float32)
 
 
+@triton.jit
+def _load_queries(  # type: ignore[no-untyped-def]
+    q_ptr, layer, qh, w, w_mask, d, d_mask, stride_ql, stride_qw, stride_qh
+):
+    """Window queries ``w`` ([BLOCK_Q]) of one (layer, query head), as fp32 [BLOCK_Q, BLOCK_D]."""
+    rows = q_ptr + layer * stride_ql + w * stride_qw + qh * stride_qh
+    q = tl.load(rows[:, None] + d[None, :], mask=w_mask[:, None] & d_mask[None, :], other=0.0)
+    return q.to(tl.float32)
+
+
 @triton.jit  # type: ignore[untyped-decorator]
 def _window_lse_kernel(  # type: ignore[no-untyped-def]
     cache_ptr, layer_off_ptr, table_ptr,
@@ -60,10 +70,7 @@ def _window_lse_kernel(  # type: ignore[no-untyped-def]
     w_mask = w < window
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
-    q = tl.load(
-        q_ptr + layer * stride_ql + w[:, None] * stride_qw + qh * stride_qh + d[None, :],
-        mask=w_mask[:, None] & d_mask[None, :], other=0.0,
-    ).to(tl.float32)  # fmt: skip
+    q = _load_queries(q_ptr, layer, qh, w, w_mask, d, d_mask, stride_ql, stride_qw, stride_qh)
     q_pos = seq_len - window + w  # absolute position of each query
     base = cache_ptr + tl.load(layer_off_ptr + layer) + (qh // GROUP) * stride_head
     m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
@@ -108,10 +115,9 @@ def _token_scores_kernel(  # type: ignore[no-untyped-def]
         for start in range(0, window, BLOCK_Q):
             w = start + tl.arange(0, BLOCK_Q)
             w_mask = w < window
-            q = tl.load(
-                q_ptr + layer * stride_ql + w[:, None] * stride_qw + qh * stride_qh + d[None, :],
-                mask=w_mask[:, None] & d_mask[None, :], other=0.0,
-            ).to(tl.float32)  # fmt: skip
+            q = _load_queries(
+                q_ptr, layer, qh, w, w_mask, d, d_mask, stride_ql, stride_qw, stride_qh
+            )
             lse = tl.load(lse_ptr + (layer * q_heads + qh) * window + w, mask=w_mask, other=0.0)
             logits = tl.dot(q, tl.trans(k)) * scale
             q_pos = seq_len - window + w
