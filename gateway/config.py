@@ -114,6 +114,51 @@ class TelemetrySettings(Section):
     )
 
 
+class StoreSettings(Section):
+    """The trajectory store and its recorder (docs/trajectories.md)."""
+
+    enabled: bool = Field(default=True, description="record every step (token ids, logprobs, ...)")
+    url: str = Field(
+        default_factory=lambda: (
+            "sqlite:///"
+            + str(Path(os.environ.get("GEARSHIFT_HOME", "~/.cache/gearshift")).expanduser())
+            + "/trajectories.db"
+        ),
+        description="SQLAlchemy URL: sqlite:///PATH (default) or postgresql://user:pw@host/db",
+    )
+    migrate: bool = Field(
+        default=True, description="run `alembic upgrade head` at start-up (off: refuse if behind)"
+    )
+    queue_size: int = Field(default=10_000, ge=1, description="steps held in memory before on_full")
+    batch_size: int = Field(
+        default=256, ge=1, description="most steps committed in one transaction"
+    )
+    on_full: Literal["wait", "drop"] = Field(
+        default="wait",
+        description="wait: hold the request up to wait_s for room, then drop; drop: drop at once. "
+        "Drops are counted in gearshift_recorder_dropped_total and logged",
+    )
+    wait_s: float = Field(default=1.0, ge=0)
+    dead_letter_path: str = Field(
+        default_factory=lambda: str(
+            Path(os.environ.get("GEARSHIFT_HOME", "~/.cache/gearshift")).expanduser()
+            / "recorder-dead-letter.jsonl"
+        ),
+        description="steps the database refused, as JSON lines, for replay",
+    )
+
+
+class RewardSettings(Section):
+    weights: dict[str, float] | None = Field(
+        default=None,
+        description="weight per reward component for the combined reward; default in "
+        "gateway/recording/rewards.py",
+    )
+    hooks: list[str] = Field(
+        default_factory=list, description="'module:function' reward hooks called per step"
+    )
+
+
 class EmbeddedSettings(Section):
     """The embedded default stack started by ``gearshift serve`` without replicas."""
 
@@ -181,6 +226,8 @@ class Settings(BaseSettings):
     limits: LimitsSettings = LimitsSettings()
     telemetry: TelemetrySettings = TelemetrySettings()
     embedded: EmbeddedSettings = EmbeddedSettings()
+    store: StoreSettings = StoreSettings()
+    rewards: RewardSettings = RewardSettings()
     admin_token: SecretStr | None = None
 
     @model_validator(mode="after")

@@ -15,7 +15,10 @@ class RequestContext:
     endpoint: str  # "chat" | "completions"
     requested_model: str
     tenant: str | None = None
+    api_key: str | None = None
     session_id: str | None = None
+    task_id: str | None = None
+    group_id: str | None = None
     decision: Decision | None = None
     tier: Tier | None = None  # the tier that finally served it
     replica: str | None = None

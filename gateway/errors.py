@@ -7,6 +7,9 @@
     ├── ModelNotFound               404 invalid_request_error / model_not_found
     ├── RouteNotFound               404 invalid_request_error / not_found
     ├── MethodNotAllowed            405 invalid_request_error
+    ├── ResourceNotFound            404 invalid_request_error / not_found (session, step)
+    ├── Conflict                    409 invalid_request_error / conflict
+    ├── StoreUnavailable            503 service_unavailable   (trajectory store off or down)
     ├── UpstreamError               502 upstream_error        (a replica answered badly)
     │   ├── UpstreamUnreachable     502 upstream_error        (connect failed or dropped)
     │   ├── UpstreamRateLimited     429 rate_limit_error      (Retry-After passed on)
@@ -89,6 +92,24 @@ class MethodNotAllowed(GatewayError):
     status = 405
     type = "invalid_request_error"
     code = "method_not_allowed"
+
+
+class ResourceNotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class Conflict(GatewayError):
+    status = 409
+    type = "invalid_request_error"
+    code = "conflict"
+
+
+class StoreUnavailable(GatewayError):
+    status = 503
+    type = "service_unavailable"
+    code = "store_unavailable"
 
 
 class UpstreamError(GatewayError):

@@ -107,3 +107,25 @@ class Metrics:
             ["tier", "replica"],
             registry=r,
         )
+        self.recorder_queued = Gauge(
+            "gearshift_recorder_queue", "Steps waiting to be written to the store", registry=r
+        )
+        self.recorder_written = Counter(
+            "gearshift_recorder_written", "Steps committed to the store", registry=r
+        )
+        self.recorder_dropped = Counter(
+            "gearshift_recorder_dropped",
+            "Steps not recorded: queue_full, closing, write_failed (kept in the dead-letter file)",
+            ["reason"],
+            registry=r,
+        )
+        self.recorder_retries = Counter(
+            "gearshift_recorder_retries", "Store writes retried after a lost connection", registry=r
+        )
+        self.recorder_batch = Histogram(
+            "gearshift_recorder_batch_steps", "Steps per committed batch",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r,
+        )  # fmt: skip
+        self.recorder_commit = Histogram(
+            "gearshift_recorder_commit_seconds", "Time to write and commit one batch", registry=r
+        )

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -26,6 +26,7 @@ from gateway.config import TimeoutSettings
 from gateway.context import RequestContext
 from gateway.dispatch import OpenStream
 from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnreachable
+from gateway.recording.capture import StreamCapture
 from gateway.sse import DONE, error_event, split_events
 from gateway.upstream import translated
 
@@ -45,7 +46,8 @@ class StreamRelay(Response):
         headers: list[tuple[bytes, bytes]],
         timeouts: TimeoutSettings,
         strip_usage: bool,
-        on_finish: Callable[[RequestContext, str | None, bool], None],
+        on_finish: Callable[[RequestContext, str | None, bool], Awaitable[None]],
+        capture: StreamCapture | None = None,
     ) -> None:
         self.status_code = 200
         self.background = None
@@ -55,6 +57,7 @@ class StreamRelay(Response):
         self._timeouts = timeouts
         self._strip_usage = strip_usage
         self._on_finish = on_finish
+        self._capture = capture
         self._saw_done = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -80,7 +83,7 @@ class StreamRelay(Response):
             if not relay.done():  # we were cancelled ourselves (server shutdown)
                 relay.cancel()
             self._close_upstream()
-            self._on_finish(self._ctx, error_kind, client_gone)
+            await self._on_finish(self._ctx, error_kind, client_gone)
 
     def _close_upstream(self) -> None:
         s = self._stream
@@ -95,11 +98,13 @@ class StreamRelay(Response):
         for ev in events:
             if ev == DONE:
                 self._saw_done = True
-            elif USAGE_MARK in ev:
+                out.append(ev)
+                continue
+            if USAGE_MARK in ev:
                 self._note_usage(ev)
                 if self._strip_usage and EMPTY_CHOICES in ev:
                     continue  # the usage chunk the gateway asked for, not the client
-            out.append(ev)
+            out.append(ev if self._capture is None else self._capture.on_event(ev))
         return b"".join(out)
 
     def _note_usage(self, event: bytes) -> None:

@@ -34,6 +34,8 @@ from gateway.protocol import (
     describe,
     note_unknown_fields,
 )
+from gateway.recording.recorder import Recorder
+from gateway.recording.step import PendingStep
 from gateway.relay import StreamRelay, wait_disconnect
 from gateway.scrape import Scraper
 from gateway.telemetry import build_tracer_provider, end_span, start_span
@@ -83,8 +85,15 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._unknown_fields: set[str] = set()  # already logged as forwarded unknown
         self._dispatcher: Dispatcher | None = None
+        self.recorder = (
+            Recorder(settings.store, self.metrics, settings.rewards.hooks)
+            if settings.store.enabled
+            else None
+        )
 
     async def start(self) -> None:
+        if self.recorder is not None:
+            await self.recorder.start()
         self._session = new_session(self.settings.timeouts)
         self._dispatcher = Dispatcher(
             self.pools, self._session, self.settings.timeouts, self.settings.retries, self.metrics
@@ -99,6 +108,8 @@ class Gateway:
             await pool.stop()
         if self._session is not None:
             await self._session.close()
+        if self.recorder is not None:
+            await self.recorder.close()  # after the pools: every finished step is queued
         shutdown = getattr(self.tracer_provider, "shutdown", None)
         if shutdown is not None:
             shutdown()
@@ -117,6 +128,7 @@ class Gateway:
             self.metrics.requests.labels(endpoint, "none", str(exc.status)).inc()
             raise
         stream = bool(body.get("stream"))
+        step = PendingStep(ctx, body) if self.recorder is not None else None
         strip_usage = False
         if stream and not (body.get("stream_options") or {}).get("include_usage"):
             # Ask for usage anyway (metrics, recording); the relay drops that chunk.
@@ -130,14 +142,20 @@ class Gateway:
         except ClientGone:
             self.metrics.client_disconnects.labels(str(ctx.tier)).inc()
             self._finish(ctx, span, CLIENT_CLOSED, stream, None)
+            await self._record(step, ctx, CLIENT_CLOSED)
             return Response(status_code=CLIENT_CLOSED)
         except GatewayError as exc:
             ctx.error = exc.message
             self._finish(ctx, span, exc.status, stream, None)
+            await self._record(step, ctx, exc.status)
             raise
         if isinstance(result, OpenStream):
-            return self._stream_response(ctx, span, result, strip_usage)
-        return self._complete_response(ctx, span, result, stream)
+            return self._stream_response(ctx, span, result, strip_usage, step)
+        return await self._complete_response(ctx, span, result, stream, step)
+
+    async def _record(self, step: PendingStep | None, ctx: RequestContext, status: int) -> None:
+        if step is not None and self.recorder is not None:
+            await self.recorder.record(step.record(ctx, status))
 
     async def _prepare(self, request: Request, ctx: RequestContext) -> tuple[dict[str, Any], bool]:
         """Authenticate, read, validate and route; returns the body and whether fallback is allowed."""
@@ -146,6 +164,10 @@ class Gateway:
         self._validate(ctx.endpoint, body)
         ctx.requested_model = body["model"]
         ctx.tenant = principal.tenant
+        ctx.api_key = principal.key_name
+        headers = request.headers
+        ctx.task_id = headers.get("x-gearshift-task-id")
+        ctx.group_id = headers.get("x-gearshift-group-id")
         ctx.session_id = request.headers.get("x-session-id") or body.get("user")
         return body, self._route(ctx, body)
 
@@ -227,27 +249,46 @@ class Gateway:
             raise ClientGone
         return work.result()
 
-    def _headers(self, ctx: RequestContext) -> dict[str, str]:
-        return {
+    def _headers(self, ctx: RequestContext, step: PendingStep | None) -> dict[str, str]:
+        headers = {
             "x-request-id": ctx.request_id,
             "x-gearshift-tier": str(ctx.tier),
             "x-gearshift-route-reason": ctx.route_reason,
             "x-gearshift-overhead-ms": f"{ctx.overhead_ms():.3f}",
         }
+        if step is not None:
+            headers["x-gearshift-step-id"] = step.header()
+        return headers
 
-    def _complete_response(
-        self, ctx: RequestContext, span: Any, result: Completed, stream: bool
+    async def _complete_response(
+        self,
+        ctx: RequestContext,
+        span: Any,
+        result: Completed,
+        stream: bool,
+        step: PendingStep | None,
     ) -> Response:
         response_model = None
+        body = result.body
+        record = None
         if result.status == 200:
             response_model = self._note_usage(ctx, result.body)
-        body = (
-            result.body
-            if result.status == 200 or _is_openai_error(result.body)
-            else _wrap_error(result)
-        )
+            if step is not None and response_model is not None:
+                body, record = step.answer(ctx, body)
+        elif not _is_openai_error(result.body):
+            body = _wrap_error(result)
         self._finish(ctx, span, result.status, stream, response_model)
-        return Response(body, result.status, self._headers(ctx), media_type="application/json")
+        response = Response(
+            body, result.status, self._headers(ctx, step), media_type="application/json"
+        )
+        if step is not None and self.recorder is not None:
+            if record is None:
+                ctx.error = ctx.error or (
+                    None if result.status == 200 else upstream_message(result.body)
+                )
+                record = step.record(ctx, result.status)
+            await self.recorder.record(record)
+        return response
 
     def _note_usage(self, ctx: RequestContext, raw: bytes) -> str | None:
         try:
@@ -266,22 +307,33 @@ class Gateway:
             return None
 
     def _stream_response(
-        self, ctx: RequestContext, span: Any, result: OpenStream, strip_usage: bool
+        self,
+        ctx: RequestContext,
+        span: Any,
+        result: OpenStream,
+        strip_usage: bool,
+        step: PendingStep | None,
     ) -> StreamRelay:
-        headers = [(k.encode(), v.encode()) for k, v in self._headers(ctx).items()]
+        headers = [(k.encode(), v.encode()) for k, v in self._headers(ctx, step).items()]
         headers += [
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"),
         ]
 
-        def finish(ctx: RequestContext, error: str | None, client_gone: bool) -> None:
+        async def finish(ctx: RequestContext, error: str | None, client_gone: bool) -> None:
             if error is not None:
                 self.metrics.stream_errors.labels(str(ctx.tier), error).inc()
             if client_gone:
                 self.metrics.client_disconnects.labels(str(ctx.tier)).inc()
-            self._finish(ctx, span, CLIENT_CLOSED if client_gone else 200, True, None)
+            status = CLIENT_CLOSED if client_gone else 200
+            self._finish(ctx, span, status, True, None)
+            if step is not None and self.recorder is not None:
+                await self.recorder.record(step.streamed(ctx, status))
 
-        return StreamRelay(ctx, result, headers, self.settings.timeouts, strip_usage, finish)
+        capture = step.stream if step is not None else None
+        return StreamRelay(
+            ctx, result, headers, self.settings.timeouts, strip_usage, finish, capture
+        )
 
     def _finish(
         self, ctx: RequestContext, span: Any, status: int, stream: bool, model: str | None

@@ -6,6 +6,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -29,6 +30,7 @@ class Stack:
     url: str
     metrics: Metrics
     spans: InMemorySpanExporter
+    store_url: str
 
     def client(self, **kwargs: Any) -> openai.OpenAI:
         kwargs.setdefault("api_key", "unused")
@@ -59,7 +61,7 @@ Replica = FakeUpstream | str
 
 
 @pytest.fixture
-def make_stack() -> Iterator[Callable[..., Stack]]:
+def make_stack(tmp_path: Path) -> Iterator[Callable[..., Stack]]:
     with contextlib.ExitStack() as stack:
 
         def build(
@@ -79,6 +81,10 @@ def make_stack() -> Iterator[Callable[..., Stack]]:
                 "timeouts": {"connect_s": 1, "first_byte_s": 5, "between_chunks_s": 5},
                 "retries": {"attempts": 3, "backoff_base_s": 0.01, "backoff_max_s": 0.05},
                 "health": {"interval_s": 0.2, "timeout_s": 0.5, "unhealthy_after": 1},
+                "store": {
+                    "url": f"sqlite:///{tmp_path}/trajectories.db",
+                    "dead_letter_path": str(tmp_path / "dead-letter.jsonl"),
+                },
             }
             for key, value in overrides.items():
                 config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
@@ -88,6 +94,6 @@ def make_stack() -> Iterator[Callable[..., Stack]]:
             provider.add_span_processor(SimpleSpanProcessor(spans))
             app = create_app(Settings(**config), metrics=metrics, tracer_provider=provider)
             url = stack.enter_context(serve_in_thread(app))
-            return Stack(url, metrics, spans)
+            return Stack(url, metrics, spans, config["store"]["url"])
 
         yield build

@@ -78,8 +78,19 @@ def test_every_parameter_reaches_the_replica_unchanged(make_stack):
     assert r.status_code == 200, r.text
     sent = full.requests[0]
     assert sent.pop("model") == FULL_MODEL
-    assert sent == {"messages": MESSAGES, **params}
+    # Recording adds exactly one field (logprobs was already asked for here).
+    assert sent == {"messages": MESSAGES, **params, "return_token_ids": True}
     assert len(r.json()["choices"]) == 2
+
+
+def test_without_recording_the_body_is_forwarded_verbatim(make_stack):
+    full = FakeUpstream()
+    stack = make_stack([full], store={"enabled": False})
+    body = {"model": "full", "messages": MESSAGES, "seed": 3, "x_future": [1]}
+    r = httpx.post(stack.url + "/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert "x-gearshift-step-id" not in r.headers
+    assert full.requests[0] == {**body, "model": FULL_MODEL}
 
 
 def test_stream_relays_events_and_hides_usage_it_added(make_stack):
@@ -112,7 +123,13 @@ def test_completions_endpoint(make_stack):
         stack.url + "/v1/completions", json={"model": "full", "prompt": "Once", "max_tokens": 3}
     )
     assert r.status_code == 200
-    assert full.requests[0] == {"model": FULL_MODEL, "prompt": "Once", "max_tokens": 3}
+    assert full.requests[0] == {
+        "model": FULL_MODEL,
+        "prompt": "Once",
+        "max_tokens": 3,
+        "logprobs": 0,  # the sampled tokens' logprobs, for the recorder
+        "return_token_ids": True,
+    }
 
 
 def test_models_lists_auto_and_each_tier(make_stack):

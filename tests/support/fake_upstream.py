@@ -34,6 +34,7 @@ class Behaviour:
     delay_s: float = 0.0  # before the answer (first byte)
     events: int = 5  # streamed content events
     after: int = 2  # cut/stall after this many content events (-1: before any event)
+    message: dict[str, Any] | None = None  # the assistant message to answer with (non-stream)
 
 
 def ok() -> Behaviour:
@@ -102,7 +103,7 @@ class FakeUpstream:
             )
         if body.get("stream"):
             return StreamingResponse(self._events(body, b), media_type="text/event-stream")
-        return Response(orjson.dumps(self._completion(body)), media_type="application/json")
+        return Response(orjson.dumps(self._completion(body, b)), media_type="application/json")
 
     @staticmethod
     async def _gone_during(request: Request, seconds: float) -> bool:
@@ -113,9 +114,11 @@ class FakeUpstream:
             await asyncio.sleep(0.01)
         return False
 
-    def _completion(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _completion(self, body: dict[str, Any], b: Behaviour) -> dict[str, Any]:
+        """Like vLLM: token ids with ``return_token_ids``, the sampled tokens' logprobs with
+        ``logprobs``. Choice i's tokens are 100*(i+1) + k and token k's logprob is -k/10."""
         n = body.get("n") or 1
-        return {
+        data: dict[str, Any] = {
             "id": "cmpl-fake",
             "object": "chat.completion",
             "created": int(time.time()),
@@ -123,25 +126,45 @@ class FakeUpstream:
             "choices": [
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": f"hello from {self.name}"},
-                    "finish_reason": "stop",
-                    "logprobs": None,
+                    "message": b.message
+                    or {"role": "assistant", "content": f"hello from {self.name}"},
+                    "finish_reason": "tool_calls"
+                    if b.message and b.message.get("tool_calls")
+                    else "stop",
+                    "logprobs": fake_logprobs(4) if body.get("logprobs") else None,
+                    **({"token_ids": fake_ids(i, 4)} if body.get("return_token_ids") else {}),
                 }
                 for i in range(n)
             ],
             "usage": {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11},
         }
+        if body.get("return_token_ids"):
+            data["prompt_token_ids"] = list(range(1, 8))
+        return data
 
     def _chunk(
-        self, body: dict[str, Any], delta: dict[str, Any], finish: str | None = None
+        self, body: dict[str, Any], delta: dict[str, Any], finish: str | None = None, k: int = -1
     ) -> bytes:
-        chunk = {
+        """Content chunk k carries two tokens (as speculative decoding does): 2k and 2k+1."""
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+        chunk: dict[str, Any] = {
             "id": "chunk-fake",
             "object": "chat.completion.chunk",
             "created": 0,
             "model": body["model"],
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            "choices": [choice],
         }
+        if k >= 0 and body.get("return_token_ids"):
+            choice["token_ids"] = [100 + 2 * k, 101 + 2 * k]
+        if k >= 0 and body.get("logprobs"):
+            choice["logprobs"] = {
+                "content": [
+                    {"token": "t", "logprob": -(2 * k + j) / 10, "bytes": [116], "top_logprobs": []}
+                    for j in range(2)
+                ]
+            }
+        if k < 0 and body.get("return_token_ids"):
+            chunk["prompt_token_ids"] = list(range(1, 8))
         return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
     async def _events(self, body: dict[str, Any], b: Behaviour) -> AsyncIterator[bytes]:
@@ -155,7 +178,7 @@ class FakeUpstream:
                 if i == b.after and b.kind == "stall_mid":
                     await asyncio.sleep(60)
                 yield self._chunk(
-                    body, {"content": f"tok{i} "}, "stop" if i == b.events - 1 else None
+                    body, {"content": f"tok{i} "}, "stop" if i == b.events - 1 else None, k=i
                 )
                 await asyncio.sleep(0)
             if (body.get("stream_options") or {}).get("include_usage"):
@@ -182,3 +205,16 @@ class FakeUpstream:
         except (asyncio.CancelledError, GeneratorExit):
             self.disconnects += 1
             raise
+
+
+def fake_ids(choice: int, count: int) -> list[int]:
+    return [100 * (choice + 1) + k for k in range(count)]
+
+
+def fake_logprobs(count: int) -> dict[str, Any]:
+    return {
+        "content": [
+            {"token": "t", "logprob": -k / 10, "bytes": [116], "top_logprobs": []}
+            for k in range(count)
+        ]
+    }

@@ -1,0 +1,72 @@
+"""Hashes that link the steps of a session when the client names none.
+
+An agent resends its whole history at every step. A step's *continuation* hash
+covers its request's messages plus the answer it got; the next step's *prefix*
+hash covers its messages up to and including the last assistant message. When
+they are equal the second step continues the first. Two samples of one prompt
+get different answers, hence different continuations, and stay apart.
+
+Messages are reduced to what identifies them (role, text, tool calls, tool call
+id) because SDKs re-serialize the assistant message they got back (``refusal:
+null``, reordered keys, re-dumped JSON arguments).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    return ""
+
+
+def canonical_args(arguments: Any) -> str:
+    if isinstance(arguments, str):
+        try:
+            return orjson.dumps(orjson.loads(arguments), option=orjson.OPT_SORT_KEYS).decode()
+        except orjson.JSONDecodeError:
+            return arguments
+    return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _canonical(message: Any) -> list[Any]:
+    if not isinstance(message, dict):
+        return ["?", str(message)]
+    calls = [
+        [
+            (tc.get("function") or {}).get("name"),
+            canonical_args((tc.get("function") or {}).get("arguments")),
+        ]
+        for tc in message.get("tool_calls") or ()
+        if isinstance(tc, dict)
+    ]
+    return [message.get("role"), _text(message.get("content")), calls, message.get("tool_call_id")]
+
+
+def history_hash(messages: list[Any]) -> str:
+    payload = orjson.dumps([_canonical(m) for m in messages])
+    return hashlib.sha256(payload).hexdigest()
+
+
+def prefix_hash(messages: Any) -> str | None:
+    """Hash of the history up to the last assistant message; None when there is none."""
+    if not isinstance(messages, list):
+        return None
+    last = max(
+        (i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"),
+        default=None,
+    )
+    return None if last is None else history_hash(messages[: last + 1])
+
+
+def continuation_hash(messages: Any, answer: dict[str, Any] | None) -> str | None:
+    if not isinstance(messages, list) or answer is None:
+        return None
+    return history_hash([*messages, {"role": "assistant", **answer}])

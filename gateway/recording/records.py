@@ -1,0 +1,51 @@
+"""What the request path hands to the recorder: plain data, built without I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class ChoiceCapture:
+    """One choice of a model answer as the engine produced it."""
+
+    index: int
+    message: dict[str, Any] | None = None  # chat: the assistant message; completions: {"text"}
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One model call (all its choices) and everything known about how it was served."""
+
+    step_ids: list[str]  # one per choice, generated on the request path
+    request_id: str
+    tenant: str
+    api_key: str
+    endpoint: str
+    request: dict[str, Any]  # the body as the client sent it (before capture fields)
+    external_session: str | None
+    task_id: str | None
+    group_id: str | None
+    created_at: float  # unix time
+    status: int = 0
+    tier: str | None = None
+    model: str | None = None
+    replica: str | None = None
+    policy: str | None = None
+    propensity: float | None = None
+    route_reason: str | None = None
+    features: dict[str, Any] | None = None
+    fallback: bool = False
+    escalated: bool = False
+    attempts: int = 0
+    prompt_token_ids: list[int] | None = None
+    choices: list[ChoiceCapture] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    ttft_ms: float | None = None
+    duration_ms: float = 0.0
+    error: str | None = None

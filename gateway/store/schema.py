@@ -1,0 +1,174 @@
+"""The trajectory store's tables (SQLAlchemy Core; one metadata for SQLite and PostgreSQL).
+
+Entities, from the outside in::
+
+    tenants ─< sessions ─< steps ─< tool_calls
+                  │          └─< rewards (scope step / tool_call)
+                  ├─< rewards (scope session)
+                  └─< feedback
+    blobs: content-addressed request payloads (messages, prompt, tools), shared by steps
+
+A session is an episode (one agent trajectory). A step is one model call and one
+choice of it: its exact prompt and completion token ids and per-token behaviour
+log-probabilities are stored as packed little-endian arrays (see ``codec``), which is
+what an importance-sampling RL run needs and what re-tokenizing text cannot give back.
+Every row carries ``tenant_id`` so that each query can be scoped to one tenant
+without a join.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+ID = 32  # hex uuid4 / truncated sha256
+
+tenants = Table(
+    "tenants",
+    metadata,
+    Column("id", String(128), primary_key=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("id", String(ID), primary_key=True),
+    Column("tenant_id", String(128), ForeignKey("tenants.id"), nullable=False),
+    Column("api_key", String(128), nullable=False),
+    Column("external_id", String(256), comment="X-Session-Id or the request's `user`"),
+    Column("task_id", String(256)),
+    Column("group_id", String(256), comment="GRPO group: sessions sampled for one task"),
+    Column("task_spec", JSON, comment="expected actions for API-correctness rewards"),
+    Column("status", String(16), nullable=False, comment="open | ended"),
+    Column("outcome", String(64)),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("ended_at", DateTime(timezone=True)),
+    UniqueConstraint("tenant_id", "external_id"),
+    Index("ix_sessions_tenant_created", "tenant_id", "created_at"),
+)
+
+blobs = Table(
+    "blobs",
+    metadata,
+    Column("sha256", String(64), primary_key=True),
+    Column("body", LargeBinary, nullable=False, comment="JSON, as the client sent it"),
+)
+
+steps = Table(
+    "steps",
+    metadata,
+    Column("id", String(ID), primary_key=True),
+    Column("tenant_id", String(128), ForeignKey("tenants.id"), nullable=False),
+    Column("session_id", String(ID), ForeignKey("sessions.id"), nullable=False),
+    Column("seq", Integer, nullable=False, comment="order within the session"),
+    Column("choice_index", Integer, nullable=False),
+    Column("request_id", String(64), nullable=False),
+    Column("endpoint", String(16), nullable=False),
+    Column("request_sha256", String(64), ForeignKey("blobs.sha256"), nullable=False),
+    Column("response", JSON, comment="the assistant message (or completion text) of this choice"),
+    Column("prompt_token_ids", LargeBinary, comment="int32 LE, exactly as vLLM returned"),
+    Column("completion_token_ids", LargeBinary, comment="int32 LE"),
+    Column("logprobs", LargeBinary, comment="float32 LE, one per completion token"),
+    Column("tier", String(8)),
+    Column("model", String(256), comment="served model name: the model version"),
+    Column("replica", String(256)),
+    Column("policy", String(64)),
+    Column("propensity", Float, comment="probability the policy gave the chosen tier"),
+    Column("route_reason", Text),
+    Column("features", JSON),
+    Column("fallback", Boolean, nullable=False),
+    Column("escalated", Boolean, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("status", Integer, nullable=False, comment="HTTP status given to the client"),
+    Column("finish_reason", String(32)),
+    Column("prompt_tokens", Integer),
+    Column("completion_tokens", Integer),
+    Column("ttft_ms", Float),
+    Column("duration_ms", Float, nullable=False),
+    Column("error", Text),
+    Column("rewritten", Boolean, nullable=False, comment="history does not extend the last step"),
+    Column("prefix_sha256", String(64), comment="hash of the history this step continued"),
+    Column("continuation_sha256", String(64), comment="hash of history + this answer"),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Index("ix_steps_session_seq", "session_id", "seq", "choice_index"),
+    Index("ix_steps_tenant_created", "tenant_id", "created_at"),
+    Index("ix_steps_tenant_continuation", "tenant_id", "continuation_sha256"),
+)
+
+tool_calls = Table(
+    "tool_calls",
+    metadata,
+    Column("id", String(ID), primary_key=True),
+    Column("tenant_id", String(128), ForeignKey("tenants.id"), nullable=False),
+    Column("session_id", String(ID), ForeignKey("sessions.id"), nullable=False),
+    Column("step_id", String(ID), ForeignKey("steps.id"), nullable=False),
+    Column("call_id", String(128), comment="the model's tool_call id"),
+    Column("tool", String(256), nullable=False),
+    Column("arguments", Text, nullable=False),
+    Column("arguments_valid", Boolean, nullable=False, comment="JSON object matching the schema"),
+    Column("result", Text),
+    Column("result_step_id", String(ID), comment="the step whose request carried the result"),
+    Column("status", String(16), nullable=False, comment="pending | ok | error | denied"),
+    Column("exit_status", Integer),
+    Column("duration_ms", Float),
+    Column("denial", Text),
+    Column("injected_fault", String(64)),
+    Column("attestation", String(64), comment="sandbox SHA-256 over request and result"),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Index("ix_tool_calls_session_call", "session_id", "call_id"),
+)
+
+rewards = Table(
+    "rewards",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("tenant_id", String(128), ForeignKey("tenants.id"), nullable=False),
+    Column("session_id", String(ID), ForeignKey("sessions.id"), nullable=False),
+    Column("step_id", String(ID), ForeignKey("steps.id")),
+    Column("tool_call_id", String(ID), ForeignKey("tool_calls.id")),
+    Column("scope", String(16), nullable=False, comment="session | step | tool_call"),
+    Column("name", String(64), nullable=False),
+    Column("value", Float, nullable=False),
+    Column("source", String(32), nullable=False, comment="gateway | feedback | client | hook"),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Index("ix_rewards_session", "session_id"),
+)
+
+feedback = Table(
+    "feedback",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("tenant_id", String(128), ForeignKey("tenants.id"), nullable=False),
+    Column("session_id", String(ID), ForeignKey("sessions.id"), nullable=False),
+    Column("step_id", String(ID), ForeignKey("steps.id")),
+    Column("score", Float, nullable=False),
+    Column("label", String(64)),
+    Column("comment", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Index("ix_feedback_session", "session_id"),
+)

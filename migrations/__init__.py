@@ -1,0 +1,1 @@
+"""Alembic environment and revisions for the trajectory store (see gateway/store)."""
