@@ -85,6 +85,65 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
     return 0
 
 
+def _weights(settings: Settings, spec: str | None) -> dict[str, float]:
+    from gateway.recording.rewards import DEFAULT_WEIGHTS
+
+    weights = dict(settings.rewards.weights or DEFAULT_WEIGHTS)
+    for item in (spec or "").split(","):
+        if not item.strip():
+            continue
+        name, sep, value = item.partition("=")
+        try:
+            weights[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise SystemExit(f"gearshift: --weights wants name=number[,name=number], not {item!r}")
+    return weights
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from gateway.export.formats import export
+    from gateway.export.load import Filter
+    from gateway.store.database import StoreError, make_engine, prepare_schema
+
+    settings = _load(args.config)
+    url = args.store or settings.store.url
+    since = None
+    if args.since:
+        try:
+            since = datetime.fromisoformat(args.since)
+        except ValueError:
+            raise SystemExit(f"gearshift: --since wants an ISO date, not {args.since!r}") from None
+        since = since if since.tzinfo else since.replace(tzinfo=UTC)
+    try:
+        prepare_schema(url, migrate=False)
+    except StoreError as exc:
+        raise SystemExit(f"gearshift: {exc}") from None
+    engine = make_engine(url)
+    flt = Filter(tenant=args.tenant, since=since, min_reward=args.min_reward)
+    summary = export(engine, args.format, args.out, flt, _weights(settings, args.weights))
+    engine.dispose()
+    print(f"wrote {summary.rows} rows from {summary.sessions} sessions to {args.out}")
+    return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from gateway.store import database
+
+    settings = _load(args.config)
+    url = args.store or settings.store.url
+    if args.action == "upgrade":
+        database.upgrade(url, args.revision or "head")
+    elif args.action == "downgrade":
+        database.downgrade(url, args.revision or "-1")
+    elif args.action == "current":
+        print(database.current_revision(url) or "(empty)", "head:", database.head_revision())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gearshift", description=__doc__)
     parser.add_argument(
@@ -111,6 +170,31 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     prune.set_defaults(func=cmd_prune)
+
+    from gateway.export.formats import FORMATS
+
+    exp = sub.add_parser(
+        "export",
+        help="write recorded trajectories for a trainer",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="formats:\n" + "\n".join(f"  {k:13} {f.help}" for k, f in FORMATS.items()),
+    )
+    exp.add_argument("--format", required=True, choices=sorted(FORMATS))
+    exp.add_argument("--tenant", help="only this tenant's sessions (default: all)")
+    exp.add_argument("--since", help="only sessions started at or after this ISO date/time")
+    exp.add_argument("--min-reward", type=float, help="only sessions whose combined reward >= X")
+    exp.add_argument("--weights", help="override reward weights: name=w[,name=w]")
+    exp.add_argument("--config", type=Path)
+    exp.add_argument("--store", help="store URL (default: store.url of the configuration)")
+    exp.add_argument("out", type=Path)
+    exp.set_defaults(func=cmd_export)
+
+    db = sub.add_parser("db", help="trajectory store schema: upgrade, downgrade, current")
+    db.add_argument("action", choices=["upgrade", "downgrade", "current"])
+    db.add_argument("revision", nargs="?")
+    db.add_argument("--config", type=Path)
+    db.add_argument("--store", help="store URL (default: store.url of the configuration)")
+    db.set_defaults(func=cmd_db)
 
     keys = sub.add_parser("keys", help="API key helpers")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
