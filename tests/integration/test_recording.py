@@ -203,3 +203,31 @@ def test_completions_endpoint_records_tokens(make_stack):
     assert r.status_code == 200
     step = get(stack, "/v1/steps/" + r.headers["x-gearshift-step-id"])
     assert step["completion_token_ids"] == fake_ids(0, 4)
+
+
+def test_recording_on_each_store(make_stack, store_url):
+    """The same capture, chaining and tool pairing on SQLite and on a real PostgreSQL."""
+    tool_call = {
+        "id": "call_9",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+    }
+    up = FakeUpstream().then(
+        Behaviour(message={"role": "assistant", "content": None, "tool_calls": [tool_call]})
+    )
+    stack = make_stack([up], store={"url": store_url})
+    r1 = call(stack, {"model": "full", "messages": MESSAGES, "tools": TOOLS})
+    history = [
+        *MESSAGES,
+        r1.json()["choices"][0]["message"],
+        {"role": "tool", "tool_call_id": "call_9", "content": '{"temp": 3}'},
+    ]
+    r2 = call(stack, {"model": "full", "messages": history, "tools": TOOLS, "stream": True})
+    a = get(stack, "/v1/steps/" + r1.headers["x-gearshift-step-id"])
+    b = get(stack, "/v1/steps/" + r2.headers["x-gearshift-step-id"])
+    assert a["session_id"] == b["session_id"] and (a["seq"], b["seq"]) == (0, 1)
+    assert b["completion_token_ids"] == list(range(100, 110))
+    s = get(stack, "/v1/sessions/" + a["session_id"])
+    assert ("tool_call", "tool_success", 1.0) in [
+        (r["scope"], r["name"], r["value"]) for r in s["rewards"]
+    ]

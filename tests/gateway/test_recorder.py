@@ -1,0 +1,129 @@
+"""The recorder's queue: full-queue policies, flush on shutdown, bad records kept aside."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+from sqlalchemy import func, select
+
+from gateway.config import StoreSettings
+from gateway.metrics import Metrics
+from gateway.recording.recorder import Recorder
+from gateway.recording.records import ChoiceCapture, StepRecord
+from gateway.store.schema import steps
+
+
+def rec(step_id: str | None = None) -> StepRecord:
+    return StepRecord(
+        step_ids=[step_id or uuid.uuid4().hex], request_id=uuid.uuid4().hex, tenant="t",
+        api_key="k", endpoint="chat", request={"messages": [{"role": "user", "content": "x"}]},
+        external_session=None, task_id=None, group_id=None, created_at=time.time(), status=200,
+        prompt_token_ids=[1, 2], choices=[ChoiceCapture(0, {"role": "assistant", "content": "y"}, [3], [-0.1])],
+    )  # fmt: skip
+
+
+def settings(tmp_path: Path, **kw) -> StoreSettings:
+    return StoreSettings(
+        url=f"sqlite:///{tmp_path}/r.db", dead_letter_path=str(tmp_path / "dead.jsonl"), **kw
+    )
+
+
+def count_steps(r: Recorder) -> int:
+    assert r.engine is not None
+    with r.engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(steps)).scalar() or 0)
+
+
+async def blocked(r: Recorder) -> threading.Event:
+    """Make the writer hang on its next batch until the returned event is set."""
+    gate = threading.Event()
+    real = r._writer.write
+
+    def slow(conn, records):
+        gate.wait(10)
+        real(conn, records)
+
+    r._writer.write = slow  # type: ignore[method-assign]
+    return gate
+
+
+async def test_drop_policy_counts_every_drop(tmp_path):
+    metrics = Metrics()
+    r = Recorder(settings(tmp_path, queue_size=2, on_full="drop"), metrics)
+    await r.start()
+    gate = await blocked(r)
+    assert await r.record(rec())  # taken by the writer, which now hangs
+    await asyncio.sleep(0.05)
+    assert await r.record(rec()) and await r.record(rec())  # fills the queue
+    assert not await r.record(rec())
+    assert not await r.record(rec())
+    assert (
+        metrics.registry.get_sample_value(
+            "gearshift_recorder_dropped_total", {"reason": "queue_full"}
+        )
+        == 2
+    )
+    gate.set()
+    await r.close()
+
+
+async def test_wait_policy_holds_the_request_then_drops(tmp_path):
+    metrics = Metrics()
+    r = Recorder(settings(tmp_path, queue_size=1, on_full="wait", wait_s=0.2), metrics)
+    await r.start()
+    gate = await blocked(r)
+    await r.record(rec())
+    await asyncio.sleep(0.05)
+    await r.record(rec())  # fills the queue
+    t0 = time.perf_counter()
+    assert not await r.record(rec())  # waited, no room came
+    assert time.perf_counter() - t0 >= 0.19
+    # Room that comes within wait_s is taken.
+    asyncio.get_running_loop().call_later(0.05, gate.set)
+    assert await r.record(rec())
+    await r.close()
+    assert (
+        metrics.registry.get_sample_value(
+            "gearshift_recorder_dropped_total", {"reason": "queue_full"}
+        )
+        == 1
+    )
+
+
+async def test_close_writes_everything_queued(tmp_path):
+    r = Recorder(settings(tmp_path), Metrics())
+    await r.start()
+    for _ in range(300):
+        assert await r.record(rec())
+    await r.close()
+    r2 = Recorder(settings(tmp_path), Metrics())
+    await r2.start()
+    assert count_steps(r2) == 300
+    await r2.close()
+
+
+async def test_a_record_the_database_refuses_goes_to_the_dead_letter_file(tmp_path):
+    metrics = Metrics()
+    r = Recorder(settings(tmp_path), metrics)
+    await r.start()
+    dup = uuid.uuid4().hex
+    for item in (rec(dup), rec(dup), rec()):  # the second reuses a primary key
+        await r.record(item)
+    assert (
+        await r.call(lambda conn: conn.execute(select(func.count()).select_from(steps)).scalar())
+        == 2
+    )
+    lines = (tmp_path / "dead.jsonl").read_bytes().splitlines()
+    assert [orjson.loads(x)["step_ids"] for x in lines] == [[dup]]
+    assert (
+        metrics.registry.get_sample_value(
+            "gearshift_recorder_dropped_total", {"reason": "write_failed"}
+        )
+        == 1
+    )
+    await r.close()

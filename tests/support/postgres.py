@@ -1,0 +1,107 @@
+"""A throwaway PostgreSQL server for the tests: its own data directory and port, stopped after.
+
+Uses the server binaries that ``scripts/install.sh`` installs (Debian's
+``postgresql`` package). PostgreSQL refuses to run as root, so as root the
+cluster is created and started as the ``postgres`` system user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.support.servers import free_port
+
+
+def _bindir() -> Path | None:
+    for pattern in ("/usr/lib/postgresql/*/bin",):
+        found = sorted(glob.glob(pattern), key=lambda p: int(Path(p).parent.name), reverse=True)
+        for d in found:
+            if (Path(d) / "initdb").exists():
+                return Path(d)
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+def _as_user(cmd: list[str], user: str | None) -> list[str]:
+    return ["runuser", "-u", user, "--", *cmd] if user else cmd
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[str]:
+    """Yields a SQLAlchemy URL to an empty database on a fresh server."""
+    bindir = _bindir()
+    if bindir is None:
+        raise RuntimeError(
+            "PostgreSQL server binaries (initdb) not found; ./scripts/install.sh installs them "
+            "(apt-get install postgresql)"
+        )
+    user = "postgres" if os.geteuid() == 0 else None
+    root = Path(tempfile.mkdtemp(prefix="gearshift-pg-"))
+    data, sock = root / "data", root / "sock"
+    sock.mkdir()
+    if user:
+        pw = pwd.getpwnam(user)
+        for p in (root, sock):
+            os.chown(p, pw.pw_uid, pw.pw_gid)
+    port = free_port()
+    run = lambda cmd: subprocess.run(_as_user(cmd, user), check=True, capture_output=True)  # noqa: E731
+    try:
+        run(
+            [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8"]
+        )
+        opts = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c max_connections=50"
+        run(
+            [
+                str(bindir / "pg_ctl"),
+                "-D",
+                str(data),
+                "-o",
+                opts,
+                "-l",
+                str(root / "log"),
+                "-w",
+                "start",
+            ]
+        )
+        url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        _wait(url)
+        yield url
+    finally:
+        subprocess.run(
+            _as_user([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], user),
+            capture_output=True,
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _wait(url: str, timeout: float = 30.0) -> None:
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            psycopg.connect(url, connect_timeout=2).close()
+            return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def fresh_database(admin_url: str, name: str) -> str:
+    """Create database ``name`` on the server and return its URL."""
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return admin_url.rsplit("/", 1)[0] + "/" + name
