@@ -3,9 +3,12 @@
 Raw asyncio HTTP/1.1 with keep-alive, canned answers, no framework: it should
 cost far less per request than anything measured against it. Streams send
 ``--chunks`` content events, ``--gap-ms`` apart so that each one reaches the
-proxy as its own read, then usage (when asked) and ``[DONE]``.
+proxy as its own read, then usage (when asked) and ``[DONE]``. Like vLLM it adds
+token ids (``return_token_ids``) and the sampled tokens' logprobs (``logprobs``)
+when asked, so that recording can be measured; ``--latency-ms`` delays every
+answer, as an engine's decode time would.
 
-    python -m bench.mock_upstream --port 9001 [--chunks 20] [--gap-ms 1]
+    python -m bench.mock_upstream --port 9001 [--chunks 20] [--gap-ms 1] [--latency-ms 0]
 """
 
 from __future__ import annotations
@@ -13,46 +16,83 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+from collections.abc import Coroutine
 from typing import Any
 
 import orjson
 
 STREAM_RE = re.compile(rb'"stream"\s*:\s*true')
 USAGE_RE = re.compile(rb'"include_usage"\s*:\s*true')
+IDS_RE = re.compile(rb'"return_token_ids"\s*:\s*true')
+LOGPROBS_RE = re.compile(rb'"logprobs"\s*:\s*true')
+PROMPT_IDS = list(range(1, 41))  # about what the loadgen's two messages take
+ANSWER = "The capital of France is Paris."
 MODEL_RE = re.compile(rb'"model"\s*:\s*"([^"]*)"')
 
 
-def _completion(model: bytes) -> bytes:
-    return orjson.dumps(
-        {
-            "id": "chatcmpl-mock",
-            "object": "chat.completion",
-            "created": 1,
-            "model": model.decode(),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": "The capital of France is Paris."},
-                    "finish_reason": "stop",
-                    "logprobs": None,
-                }
-            ],
-            "usage": {"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20},
-        }
-    )
+def _logprobs(tokens: list[str]) -> dict[str, object]:
+    return {
+        "content": [
+            {"token": t, "logprob": -0.25, "bytes": list(t.encode()), "top_logprobs": []}
+            for t in tokens
+        ]
+    }
 
 
-def _event(model: bytes, delta: dict[str, str], finish: str | None = None) -> bytes:
-    payload = orjson.dumps(
-        {
-            "id": "chatcmpl-mock",
-            "object": "chat.completion.chunk",
-            "created": 1,
-            "model": model.decode(),
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
-        }
-    )
-    return b"data: " + payload + b"\n\n"
+def _completion(model: bytes, ids: bool = False, logprobs: bool = False) -> bytes:
+    tokens = [w + " " for w in ANSWER.split()] + ["<|im_end|>"]
+    choice: dict[str, object] = {
+        "index": 0,
+        "message": {"role": "assistant", "content": ANSWER},
+        "finish_reason": "stop",
+        "logprobs": _logprobs(tokens) if logprobs else None,
+    }
+    data: dict[str, object] = {
+        "id": "chatcmpl-mock",
+        "object": "chat.completion",
+        "created": 1,
+        "model": model.decode(),
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": len(PROMPT_IDS),
+            "completion_tokens": len(tokens),
+            "total_tokens": 40 + len(tokens),
+        },
+    }
+    if ids:
+        choice["token_ids"] = list(range(1000, 1000 + len(tokens)))
+        data["prompt_token_ids"] = PROMPT_IDS
+    return orjson.dumps(data)
+
+
+def _event(
+    model: bytes,
+    delta: dict[str, str],
+    finish: str | None = None,
+    capture: tuple[bool, bool] = (False, False),
+    k: int = -1,
+) -> bytes:
+    ids, logprobs = capture
+    choice: dict[str, object] = {
+        "index": 0,
+        "delta": delta,
+        "finish_reason": finish,
+        "logprobs": None,
+    }
+    data: dict[str, object] = {
+        "id": "chatcmpl-mock",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": model.decode(),
+        "choices": [choice],
+    }
+    if k >= 0 and ids:
+        choice["token_ids"] = [1000 + k]
+    if k >= 0 and logprobs:
+        choice["logprobs"] = _logprobs([delta.get("content", "")])
+    if k < 0 and ids:
+        data["prompt_token_ids"] = PROMPT_IDS
+    return b"data: " + orjson.dumps(data) + b"\n\n"
 
 
 def _chunked(data: bytes) -> bytes:
@@ -60,9 +100,10 @@ def _chunked(data: bytes) -> bytes:
 
 
 class MockProtocol(asyncio.Protocol):
-    def __init__(self, chunks: int, gap_s: float) -> None:
+    def __init__(self, chunks: int, gap_s: float, latency_s: float = 0.0) -> None:
         self.chunks = chunks
         self.gap_s = gap_s
+        self.latency_s = latency_s
         self.buf = b""
         self.tasks: set[asyncio.Future[None]] = set()
         self.transport: Any = None  # uvloop's transports are not asyncio.Transport subclasses
@@ -94,30 +135,45 @@ class MockProtocol(asyncio.Protocol):
             return
         m = MODEL_RE.search(body)
         model = m.group(1) if m else b"mock"
+        capture = (bool(IDS_RE.search(body)), bool(LOGPROBS_RE.search(body)))
         if STREAM_RE.search(body):
-            task = asyncio.ensure_future(self.stream(model, bool(USAGE_RE.search(body))))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-            return
-        payload = _completion(model)
+            self.spawn(self.stream(model, bool(USAGE_RE.search(body)), capture))
+        elif self.latency_s:
+            self.spawn(self.answer(_completion(model, *capture)))
+        else:
+            self.write_answer(_completion(model, *capture))
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def answer(self, payload: bytes) -> None:
+        await asyncio.sleep(self.latency_s)
+        if not self.transport.is_closing():
+            self.write_answer(payload)
+
+    def write_answer(self, payload: bytes) -> None:
         self.transport.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
             % (len(payload), payload)
         )
 
-    async def stream(self, model: bytes, usage: bool) -> None:
+    async def stream(self, model: bytes, usage: bool, capture: tuple[bool, bool]) -> None:
         t = self.transport
         assert t is not None
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
         t.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-            + _chunked(_event(model, {"role": "assistant", "content": ""}))
+            + _chunked(_event(model, {"role": "assistant", "content": ""}, capture=capture))
         )
         for i in range(self.chunks):
             await asyncio.sleep(self.gap_s)
             if t.is_closing():
                 return
             finish = "stop" if i == self.chunks - 1 else None
-            t.write(_chunked(_event(model, {"content": f" tok{i}"}, finish)))
+            t.write(_chunked(_event(model, {"content": f" tok{i}"}, finish, capture, i)))
         tail = b""
         if usage:
             u = {
@@ -143,10 +199,10 @@ class MockProtocol(asyncio.Protocol):
             t.write(_chunked(tail + b"data: [DONE]\n\n") + b"0\r\n\r\n")
 
 
-async def serve(port: int, chunks: int, gap_s: float) -> None:
+async def serve(port: int, chunks: int, gap_s: float, latency_s: float = 0.0) -> None:
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: MockProtocol(chunks, gap_s), "127.0.0.1", port, backlog=1024
+        lambda: MockProtocol(chunks, gap_s, latency_s), "127.0.0.1", port, backlog=1024
     )
     async with server:
         await server.serve_forever()
@@ -157,13 +213,15 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--chunks", type=int, default=20)
     parser.add_argument("--gap-ms", type=float, default=1.0)
+    parser.add_argument("--latency-ms", type=float, default=0.0)
     args = parser.parse_args()
+    coro = serve(args.port, args.chunks, args.gap_ms / 1000, args.latency_ms / 1000)
     try:
         import uvloop
 
-        uvloop.run(serve(args.port, args.chunks, args.gap_ms / 1000))
+        uvloop.run(coro)
     except ImportError:
-        asyncio.run(serve(args.port, args.chunks, args.gap_ms / 1000))
+        asyncio.run(coro)
 
 
 if __name__ == "__main__":

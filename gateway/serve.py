@@ -103,7 +103,23 @@ async def _startup_problem(
     return None
 
 
+async def _store_problem(settings: Settings) -> str | None:
+    """Migrate (or check) the trajectory store before anything starts, for a clear refusal."""
+    if not settings.store.enabled:
+        return None
+    from gateway.store.database import StoreError, prepare_schema
+
+    try:
+        await asyncio.to_thread(prepare_schema, settings.store.url, settings.store.migrate)
+    except StoreError as exc:
+        return f"{exc} (set store.url, or store.enabled: false to run without recording)"
+    return None
+
+
 async def run(settings: Settings) -> int:
+    if problem := await _store_problem(settings):
+        log.error("%s", problem)
+        return 1
     supervisor = None
     if not settings.tiers:
         started = await _start_embedded(settings)
@@ -135,7 +151,10 @@ async def run(settings: Settings) -> int:
         if problem:
             log.error("%s", problem)
             server.should_exit = True
-        await serving
+        try:
+            await serving
+        except SystemExit:  # uvicorn's way of saying the app failed to start (it logged why)
+            return 1
         return 1 if problem else 0
     finally:
         if supervisor is not None:

@@ -272,9 +272,9 @@ class Gateway:
         body = result.body
         record = None
         if result.status == 200:
-            response_model = self._note_usage(ctx, result.body)
-            if step is not None and response_model is not None:
-                body, record = step.answer(ctx, body)
+            response_model, data = self._note_usage(ctx, result.body)
+            if step is not None and data is not None:
+                body, record = step.answer(ctx, data, body)
         elif not _is_openai_error(result.body):
             body = _wrap_error(result)
         self._finish(ctx, span, result.status, stream, response_model)
@@ -290,7 +290,10 @@ class Gateway:
             await self.recorder.record(record)
         return response
 
-    def _note_usage(self, ctx: RequestContext, raw: bytes) -> str | None:
+    def _note_usage(
+        self, ctx: RequestContext, raw: bytes
+    ) -> tuple[str | None, dict[str, Any] | None]:
+        """The served model's name and the parsed answer (None when it is not a JSON object)."""
         try:
             data = orjson.loads(raw)
             usage = data.get("usage") or {}
@@ -298,13 +301,13 @@ class Gateway:
             ctx.completion_tokens = usage.get("completion_tokens")
             ctx.finish_reasons = [c.get("finish_reason") or "" for c in data.get("choices") or ()]
             model = data.get("model")
-            return model if isinstance(model, str) else None
+            return (model if isinstance(model, str) else None), data
         except (orjson.JSONDecodeError, AttributeError, TypeError):
             log.warning(
                 "request %s: upstream answered 200 with a body that is not a JSON object",
                 ctx.request_id,
             )
-            return None
+            return None, None
 
     def _stream_response(
         self,

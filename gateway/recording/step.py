@@ -34,17 +34,18 @@ class PendingStep:
     def header(self) -> str:
         return ",".join(self.step_ids)
 
-    def answer(self, ctx: RequestContext, raw: bytes) -> tuple[bytes, StepRecord]:
-        """Capture a whole 200 answer; returns the body the client gets and the record."""
-        data = orjson.loads(raw)
+    def answer(
+        self, ctx: RequestContext, data: dict[str, Any], raw: bytes
+    ) -> tuple[bytes, StepRecord]:
+        """Capture a whole 200 answer (``data`` is ``raw`` parsed); returns the body the
+        client gets and the record."""
         rec = self.record(ctx, 200)
-        if isinstance(data, dict):
-            rec.prompt_token_ids = data.get("prompt_token_ids")
-            rec.choices = capture.choices_of(data, ctx.endpoint)
-            rec.model = data.get("model") if isinstance(data.get("model"), str) else None
-            if not (self.wants.logprobs and self.wants.token_ids):
-                capture.strip(data, self.wants)
-                raw = orjson.dumps(data)
+        rec.prompt_token_ids = data.get("prompt_token_ids")
+        rec.choices = capture.choices_of(data, ctx.endpoint)
+        rec.model = data.get("model") if isinstance(data.get("model"), str) else None
+        if not (self.wants.logprobs and self.wants.token_ids):
+            capture.strip(data, self.wants)
+            raw = orjson.dumps(data)
         return raw, rec
 
     def streamed(self, ctx: RequestContext, status: int) -> StepRecord:

@@ -3,6 +3,13 @@
 Here, not on the request path, live the expensive parts: hashing histories,
 finding the session a step continues, numbering steps, pairing tool results
 with the calls that asked for them, and computing reward components.
+
+Rows are collected per table and inserted with one multi-row statement per
+table (``_Pending``); the few reads the writer needs (a session's next number,
+earlier tool calls) are answered from caches of what this process wrote, and go
+to the database only on a miss, after flushing what is pending so that they see
+it. A batch of agent steps therefore costs a handful of statements, not several
+per step.
 """
 
 from __future__ import annotations
@@ -58,30 +65,65 @@ class _LRU(OrderedDict[str, Any]):
             self.popitem(last=False)
 
 
+class _Pending:
+    """Rows waiting for their multi-row INSERT, in foreign-key order."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[str, dict[str, Any]] = {}
+        self.sessions: dict[str, dict[str, Any]] = {}
+        self.steps: list[dict[str, Any]] = []
+        self.calls: list[dict[str, Any]] = []
+        self.rewards: list[dict[str, Any]] = []
+
+    def flush(self, conn: Connection) -> None:
+        insert_ignore(conn, blobs, list(self.blobs.values()))
+        insert_ignore(conn, sessions, list(self.sessions.values()))
+        for table, rows in (
+            (steps, self.steps),
+            (tool_calls, self.calls),
+            (rewards_t, self.rewards),
+        ):
+            if rows:
+                conn.execute(insert(table), rows)
+        self.blobs, self.sessions = {}, {}
+        self.steps, self.calls, self.rewards = [], [], []
+
+
 class StepWriter:
-    """Writes records; keeps small caches (known tenants, chains, next seq) across batches."""
+    """Writes records; keeps caches (tenants, chains, next seq, tool calls) across batches."""
 
     def __init__(self, hooks: list[tuple[str, rewards.Hook]] | None = None, cache: int = 100_000):
         self.hooks = hooks or []
+        self._cache = cache
         self._tenants: set[str] = set()
         self._chains = _LRU(cache)  # (tenant, continuation hash) -> session id
         self._seq = _LRU(cache)  # session id -> next seq
+        self._calls = _LRU(cache // 10)  # session id -> signatures of its tool calls
+        self._pending = _Pending()
 
     def forget_caches(self) -> None:
         """After a rolled-back batch the caches may name rows that were never committed."""
         self._tenants.clear()
         self._chains.clear()
         self._seq.clear()
+        self._calls.clear()
+        self._pending = _Pending()
 
     def write(self, conn: Connection, records: list[StepRecord]) -> None:
         for rec in records:
             self._write_one(conn, rec)
+        self._pending.flush(conn)
+
+    def _query(self, conn: Connection, stmt: Any) -> Any:
+        """A statement that must see the rows still pending in this batch."""
+        self._pending.flush(conn)
+        return conn.execute(stmt)
 
     def _write_one(self, conn: Connection, rec: StepRecord) -> None:
         self._ensure_tenant(conn, rec.tenant)
         body = orjson.dumps(rec.request, option=orjson.OPT_SORT_KEYS)
         sha = hashlib.sha256(body).hexdigest()
-        insert_ignore(conn, blobs, [{"sha256": sha, "body": body}])
+        self._pending.blobs[sha] = {"sha256": sha, "body": body}
         messages = rec.request.get("messages") if rec.endpoint == "chat" else None
         prefix = chain.prefix_hash(messages)
         sid, rewritten = self._session(conn, rec, prefix)
@@ -118,12 +160,12 @@ class StepWriter:
             reward_rows += [
                 _reward(rec, sid, step_id, None, n, v, created) for n, v in comps.items()
             ]
-        conn.execute(insert(steps), step_rows)
-        if call_rows:
-            conn.execute(insert(tool_calls), call_rows)
+        # Pairing tool results may flush what is pending: do it before adding this step's rows.
         reward_rows += self._tool_results(conn, rec, sid, rec.step_ids[0], messages, created)
-        if reward_rows:
-            conn.execute(insert(rewards_t), reward_rows)
+        p = self._pending
+        p.steps.extend(step_rows)
+        p.calls.extend(call_rows)
+        p.rewards.extend(reward_rows)
 
     # -- pieces ------------------------------------------------------------
 
@@ -136,7 +178,7 @@ class StepWriter:
         """The session this step belongs to, and whether its history was rewritten."""
         if rec.external_session is not None:
             sid = session_key(rec.tenant, rec.external_session)
-            ensure_session(conn, rec, sid)
+            self._pending.sessions.setdefault(sid, session_row(rec, sid))
             if self._next_seq(conn, sid, peek=True) == 0:
                 return sid, False  # the session's first step: nothing to rewrite
             # Later steps must extend an earlier answer of this session; anything else
@@ -145,27 +187,29 @@ class StepWriter:
         found = self._continues(conn, rec.tenant, prefix) if prefix else None
         if found is not None:
             return found, False
-        sid = uuid.uuid4().hex
-        ensure_session(conn, rec, sid)
+        sid = uuid.uuid4().hex  # a new session: nothing to look up for it later
+        self._pending.sessions[sid] = session_row(rec, sid)
+        self._seq.put(sid, 0)
+        self._calls.put(sid, set())
         return sid, False
 
     def _continues(self, conn: Connection, tenant: str, prefix: str) -> str | None:
         hit = self._chains.get(f"{tenant}\x00{prefix}")
         if hit is not None:
             return str(hit)
-        row = conn.execute(
+        row = self._query(
+            conn,
             select(steps.c.session_id)
             .where(steps.c.tenant_id == tenant, steps.c.continuation_sha256 == prefix)
-            .limit(1)
+            .limit(1),
         ).first()
         return None if row is None else str(row[0])
 
     def _next_seq(self, conn: Connection, sid: str, peek: bool = False) -> int:
         seq = self._seq.get(sid)
         if seq is None:
-            top = conn.execute(
-                select(func.max(steps.c.seq)).where(steps.c.session_id == sid)
-            ).scalar()
+            q = select(func.max(steps.c.seq)).where(steps.c.session_id == sid)
+            top = self._query(conn, q).scalar()
             seq = 0 if top is None else int(top) + 1
         if not peek:
             self._seq.put(sid, seq + 1)
@@ -231,13 +275,10 @@ class StepWriter:
         fn = call.get("function") or {}
         name, args = str(fn.get("name") or ""), str(fn.get("arguments") or "")
         problem = check_call(name, args, schemas) if schemas else None
-        earlier = conn.execute(
-            select(tool_calls.c.arguments).where(
-                tool_calls.c.session_id == sid, tool_calls.c.tool == name
-            )
-        ).scalars()
+        made = self._session_calls(conn, sid)
         sig = rewards.call_signature(name, args)
-        repeated = any(rewards.call_signature(name, a) == sig for a in earlier)
+        repeated = sig in made
+        made.add(sig)
         return {
             "id": uuid.uuid4().hex,
             "tenant_id": rec.tenant,
@@ -270,12 +311,13 @@ class StepWriter:
         }
         if not results:
             return []
-        pending = conn.execute(
+        pending = self._query(
+            conn,
             select(tool_calls.c.id, tool_calls.c.call_id, tool_calls.c.exit_status).where(
                 tool_calls.c.session_id == sid,
                 tool_calls.c.call_id.in_(list(results)),
                 tool_calls.c.result.is_(None),
-            )
+            ),
         ).all()
         out = []
         for call_pk, call_id, exit_status in pending:
@@ -286,15 +328,26 @@ class StepWriter:
                 if exit_status is not None
                 else rewards.tool_outcome_from_text(text)
             )
-            conn.execute(
+            self._query(
+                conn,
                 update(tool_calls)
                 .where(tool_calls.c.id == call_pk)
-                .values(result=text, result_step_id=step_id, status="ok" if ok else "error")
+                .values(result=text, result_step_id=step_id, status="ok" if ok else "error"),
             )
             out.append(
                 _reward(rec, sid, None, call_pk, "tool_success", 1.0 if ok else -1.0, created)
             )
         return out
+
+    def _session_calls(self, conn: Connection, sid: str) -> set[str]:
+        made = self._calls.get(sid)
+        if made is None:
+            q = select(tool_calls.c.tool, tool_calls.c.arguments).where(
+                tool_calls.c.session_id == sid
+            )
+            made = {rewards.call_signature(t, a) for t, a in self._query(conn, q)}
+            self._calls.put(sid, made)
+        return made  # type: ignore[no-any-return]
 
     def _hooks(self, rec: StepRecord, choice: ChoiceCapture) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -314,23 +367,20 @@ class StepWriter:
         return out
 
 
-def ensure_session(conn: Connection, rec: StepRecord, sid: str) -> None:
-    insert_ignore(
-        conn,
-        sessions,
-        [
-            {
-                "id": sid,
-                "tenant_id": rec.tenant,
-                "api_key": rec.api_key,
-                "external_id": rec.external_session,
-                "task_id": rec.task_id,
-                "group_id": rec.group_id,
-                "status": "open",
-                "created_at": now_utc(rec.created_at),
-            }
-        ],
-    )
+def session_row(rec: StepRecord, sid: str) -> dict[str, Any]:
+    return {
+        "id": sid,
+        "tenant_id": rec.tenant,
+        "api_key": rec.api_key,
+        "external_id": rec.external_session,
+        "task_id": rec.task_id,
+        "group_id": rec.group_id,
+        "task_spec": None,
+        "status": "open",
+        "outcome": None,
+        "created_at": now_utc(rec.created_at),
+        "ended_at": None,
+    }
 
 
 def _reward(

@@ -68,6 +68,7 @@ def upgrade(url: str, revision: str = "head") -> None:
     """Bring the schema at ``url`` to ``revision`` (creating it on an empty database)."""
     from alembic import command
 
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per revision otherwise
     command.upgrade(alembic_config(url), revision)
 
 

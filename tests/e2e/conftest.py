@@ -27,6 +27,7 @@ class RealStack:
     full_url: str
     fast_url: str
     log_path: Path
+    store_url: str
 
     def client(self, **kw) -> openai.OpenAI:
         return openai.OpenAI(
@@ -45,6 +46,8 @@ def start_stack(log_dir: Path, **embedded: str) -> Iterator[RealStack]:
         "GEARSHIFT_EMBEDDED__FAST_PORT": str(fast_port),
         "GEARSHIFT_EMBEDDED__MAX_RESTARTS": "2",
         "GEARSHIFT_TELEMETRY__SCRAPE_INTERVAL_S": "1",
+        "GEARSHIFT_STORE__URL": f"sqlite:///{log_dir}/trajectories.db",
+        "GEARSHIFT_STORE__DEAD_LETTER_PATH": str(log_dir / "dead-letter.jsonl"),
         **{f"GEARSHIFT_EMBEDDED__{k.upper()}": v for k, v in embedded.items()},
     }
     gearshift = Path(sys.executable).with_name("gearshift")
@@ -60,6 +63,7 @@ def start_stack(log_dir: Path, **embedded: str) -> Iterator[RealStack]:
         f"http://127.0.0.1:{full_port}",
         f"http://127.0.0.1:{fast_port}",
         log_path,
+        env["GEARSHIFT_STORE__URL"],
     )
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

@@ -1,0 +1,210 @@
+"""Recording cost: gateway throughput with recording on and off, and raw store write rates.
+
+Part 1, in one run: two gateways (``store.enabled`` true, SQLite; and false)
+take turns on core 0 in front of the mock upstream (bench.mock_upstream, which
+returns token ids and logprobs like vLLM when asked); the load generator and
+the mock share core 1. Measured twice:
+
+- ``saturated``: the mock answers at once and the gateway's core is the
+  bottleneck, so every CPU-microsecond of capture and writing shows;
+- ``engine_bound``: the mock takes ``--latency-ms`` per answer, as a real engine
+  does, with enough concurrency to keep the gateway busy.
+
+Part 2: raw ``StepWriter`` commits (batches of 256 agent steps with token ids,
+logprobs, a tool call and reward rows) into SQLite and into a throwaway
+PostgreSQL server, when one can be started.
+
+    python -m bench.recorder [--quick] [--latency-ms 50]
+
+The last line printed is one JSON object. ``throughput_ratio_recording_on`` is the
+engine-bound non-streamed ratio (32 clients, 50 ms per answer: at most 640
+requests/s, which a gateway core serves with room to spare, as in production
+where the engine is the bottleneck); the saturated ratios and the CPU-ms per
+request with and without recording say what recording costs when the gateway's
+own core is the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from bench.gateway_overhead import CLIENT_CORE, GEARSHIFT_CORE, Target, free_port, loadgen
+from bench.procs import pinned, start, stop, wait_http
+
+
+def start_gateway(tmp: Path, name: str, mock_url: str, record: bool) -> Target:
+    port = free_port()
+    config = tmp / f"{name}.yaml"
+    store = f"{{enabled: true, url: 'sqlite:///{tmp}/{name}.db'}}" if record else "{enabled: false}"
+    config.write_text(
+        f"port: {port}\nstore: {store}\n"
+        f"tiers:\n  full: {{model: mock-full, replicas: ['{mock_url}']}}\n"
+    )
+    gearshift = Path(sys.executable).with_name("gearshift")
+    log = tmp / f"{name}.log"
+    argv = [str(gearshift), "--log-level", "warning", "serve", "--config", str(config)]
+    proc = start(pinned(argv, GEARSHIFT_CORE), log)
+    wait_http(f"http://127.0.0.1:{port}/ready", proc, log)
+    return Target(name, f"http://127.0.0.1:{port}/v1/chat/completions", "auto", proc, "unused", log)
+
+
+def start_mock(tmp: Path, latency_ms: float) -> tuple[str, object]:
+    port = free_port()
+    log = tmp / f"mock-{latency_ms:g}.log"
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.mock_upstream",
+        "--port",
+        str(port),
+        "--latency-ms",
+        str(latency_ms),
+    ]
+    proc = start(pinned(argv, CLIENT_CORE), log)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/health", proc, log)
+    return url, proc
+
+
+def throughput(
+    tmp: Path, latency_ms: float, concurrency: int, quick: bool
+) -> dict[str, dict[str, float]]:
+    mock_url, mock = start_mock(tmp, latency_ms)
+    out: dict[str, dict[str, float]] = {}
+    try:
+        targets = [
+            start_gateway(tmp, f"{n}-{latency_ms:g}", mock_url, n == "on") for n in ("off", "on")
+        ]
+        try:
+            n = 600 if quick else 3000
+            for t in targets:  # warm-up
+                loadgen(t, "plain", 8, 100, 20)
+            for mode in ("plain", "stream"):
+                runs: dict[str, list[float]] = {"off": [], "on": []}
+                cpu: dict[str, list[float]] = {"off": [], "on": []}
+                for _ in range(1 if quick else 3):  # alternate to spread the machine's noise
+                    for t in targets:
+                        r = loadgen(t, mode, concurrency, n if mode == "plain" else n // 3, 40)
+                        runs[t.name.split("-")[0]].append(r["rps"])
+                        cpu[t.name.split("-")[0]].append(r["cpu_ms_per_req"])
+                best = {k: max(v) for k, v in runs.items()}
+                cpu_ms = {k: min(v) for k, v in cpu.items()}
+                out[mode] = {
+                    "rps_off": best["off"], "rps_on": best["on"], "ratio": best["on"] / best["off"],
+                    "cpu_ms_off": cpu_ms["off"], "cpu_ms_on": cpu_ms["on"],
+                }  # fmt: skip
+                print(
+                    f"latency {latency_ms:5g} ms c={concurrency:<3d} {mode:6s} off {best['off']:8.1f} req/s "
+                    f"on {best['on']:8.1f} req/s ratio {best['on'] / best['off']:.3f} "
+                    f"cpu ms/req off {cpu_ms['off']:.3f} on {cpu_ms['on']:.3f}",
+                    flush=True,
+                )
+        finally:
+            for t in targets:
+                if t.proc is not None:
+                    stop(t.proc)
+    finally:
+        stop(mock)  # type: ignore[arg-type]
+    return out
+
+
+def store_rate(url: str, batches: int) -> float:
+    from gateway.recording.records import ChoiceCapture, StepRecord
+    from gateway.recording.writer import StepWriter
+    from gateway.store.database import make_engine, upgrade
+
+    upgrade(url)
+    engine = make_engine(url)
+    writer = StepWriter()
+    call = {
+        "id": "c",
+        "type": "function",
+        "function": {"name": "search", "arguments": '{"q": "x"}'},
+    }
+    messages = [
+        {"role": "system", "content": "You are an agent. " * 20},
+        {"role": "user", "content": "Find the answer. " * 10},
+    ]
+
+    def rec(i: int) -> StepRecord:
+        return StepRecord(
+            step_ids=[uuid.uuid4().hex], request_id=uuid.uuid4().hex, tenant="bench", api_key="k",
+            endpoint="chat", request={"model": "auto", "messages": [*messages, {"role": "user", "content": str(i)}]},
+            external_session=f"s{i % 64}", task_id=None, group_id=None, created_at=time.time(),
+            status=200, tier="fast", prompt_token_ids=list(range(300)),
+            choices=[ChoiceCapture(0, {"role": "assistant", "content": None, "tool_calls": [call]},
+                                   list(range(60)), [-0.5] * 60, "tool_calls")],
+            completion_tokens=60,
+        )  # fmt: skip
+
+    total = 0
+    started = time.perf_counter()
+    for b in range(batches):
+        records = [rec(b * 256 + i) for i in range(256)]
+        with engine.begin() as conn:
+            writer.write(conn, records)
+        total += len(records)
+    rate = total / (time.perf_counter() - started)
+    engine.dispose()
+    return rate
+
+
+def store_rates(tmp: Path, quick: bool) -> dict[str, float]:
+    batches = 4 if quick else 20
+    rates = {"sqlite": store_rate(f"sqlite:///{tmp}/raw.db", batches)}
+    print(f"store writes: sqlite {rates['sqlite']:8.0f} steps/s", flush=True)
+    try:
+        from tests.support.postgres import postgres_server
+    except ImportError:
+        return rates
+    try:
+        with postgres_server() as url:
+            rates["postgresql"] = store_rate(url, batches)
+            print(f"store writes: postgresql {rates['postgresql']:8.0f} steps/s", flush=True)
+    except (RuntimeError, OSError) as exc:
+        print(f"store writes: postgresql skipped ({exc})", flush=True)
+    return rates
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--latency-ms", type=float, default=50.0, help="engine time per answer")
+    p.add_argument(
+        "--concurrency", type=int, default=32,
+        help="clients in the engine-bound run: at most concurrency/latency requests/s",
+    )  # fmt: skip
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gearshift-bench-recorder-") as d:
+        tmp = Path(d)
+        saturated = throughput(tmp, 0.0, 16, a.quick)
+        engine_bound = throughput(tmp, a.latency_ms, a.concurrency, a.quick)
+        rates = store_rates(tmp, a.quick)
+    result = {
+        "throughput_ratio_recording_on": round(engine_bound["plain"]["ratio"], 3),
+        "throughput_ratio_recording_on_stream": round(engine_bound["stream"]["ratio"], 3),
+        "throughput_ratio_saturated": round(saturated["plain"]["ratio"], 3),
+        "throughput_ratio_saturated_stream": round(saturated["stream"]["ratio"], 3),
+        "recording_cpu_ms_per_step": round(
+            saturated["plain"]["cpu_ms_on"] - saturated["plain"]["cpu_ms_off"], 3
+        ),
+        "engine_latency_ms": a.latency_ms,
+        "engine_concurrency": a.concurrency,
+        "saturated": saturated,
+        "engine_bound": engine_bound,
+        "steps_per_s": round(rates["sqlite"]),
+        "steps_per_s_postgresql": round(rates["postgresql"]) if "postgresql" in rates else None,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
