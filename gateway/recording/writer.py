@@ -347,7 +347,7 @@ class StepWriter:
             )
             made = {rewards.call_signature(t, a) for t, a in self._query(conn, q)}
             self._calls.put(sid, made)
-        return made  # type: ignore[no-any-return]
+        return made
 
     def _hooks(self, rec: StepRecord, choice: ChoiceCapture) -> dict[str, float]:
         out: dict[str, float] = {}

@@ -121,14 +121,14 @@ def add_feedback(
             tenant_id=tenant, session_id=sid, step_id=step, score=score, label=label,
             comment=comment, created_at=now,
         )
-    ).inserted_primary_key[0]  # fmt: skip
+    ).inserted_primary_key  # fmt: skip
     conn.execute(
         insert(rewards_t).values(
             tenant_id=tenant, session_id=sid, step_id=step, scope="step" if step else "session",
             name="user_feedback", value=score, source="feedback", created_at=now,
         )
     )  # fmt: skip
-    return {"id": fid, "session_id": sid, "step_id": step, "score": score}
+    return {"id": fid[0] if fid else None, "session_id": sid, "step_id": step, "score": score}
 
 
 def get_step(conn: Connection, tenant: str, step_id: str) -> dict[str, Any]:
