@@ -133,6 +133,13 @@ class StoreSettings(Section):
     batch_size: int = Field(
         default=256, ge=1, description="most steps committed in one transaction"
     )
+    linger_s: float = Field(
+        default=0.05,
+        ge=0,
+        le=5,
+        description="how long a batch waits for more steps before it commits: fewer, larger "
+        "transactions under load, at most this much later durability",
+    )
     on_full: Literal["wait", "drop"] = Field(
         default="wait",
         description="wait: hold the request up to wait_s for room, then drop; drop: drop at once. "

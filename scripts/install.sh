@@ -41,5 +41,18 @@ else
   step "vLLM environment ($VLLM_VENV) is up to date"
 fi
 
+# The trajectory store runs on SQLite by default and on PostgreSQL in production; the tests
+# start a throwaway PostgreSQL server of their own, so its binaries must be here.
+if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null; then
+  step "PostgreSQL server binaries are installed"
+elif command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  step "PostgreSQL server (Debian package; used by the tests of the trajectory store)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -q --no-install-recommends postgresql >/dev/null \
+    || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends postgresql >/dev/null; }
+else
+  step "PostgreSQL server binaries not found: install Debian's 'postgresql' package to run the store tests"
+fi
+
 step "default model (converted once, cached under $GEARSHIFT_HOME/models)"
 GEARSHIFT_HOME="$GEARSHIFT_HOME" .venv/bin/gearshift provision

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -141,10 +142,20 @@ class Recorder:
 
     async def _consume(self) -> None:
         loop = asyncio.get_running_loop()
+        size, linger = self.settings.batch_size, self.settings.linger_s
         while True:
             batch = [await self._queue.get()]
-            while len(batch) < self.settings.batch_size and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+            deadline = loop.time() + linger
+            while len(batch) < size:
+                if not self._queue.empty():
+                    batch.append(self._queue.get_nowait())
+                    continue
+                left = deadline - loop.time()
+                if left <= 0 or isinstance(batch[-1], _Op) or self._closing:
+                    break  # operations are answered at once
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        batch.append(await self._queue.get())
             try:
                 await loop.run_in_executor(self._thread, self._write_batch, batch)
             except Exception:  # a bug in the writer must not stop recording for good

@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import orjson
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
@@ -31,11 +32,20 @@ def normalize_url(url: str) -> str:
     u = make_url(url)
     if u.drivername in ("postgresql", "postgres"):
         u = u.set(drivername="postgresql+psycopg")
+    if u.get_backend_name() == "sqlite" and u.database and u.database.startswith("~"):
+        u = u.set(database=str(Path(u.database).expanduser()))
     return u.render_as_string(hide_password=False)
+
+
+def _json_dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
     url = normalize_url(url)
+    # JSON columns through orjson: about 5x faster than the json module SQLAlchemy uses.
+    kwargs.setdefault("json_serializer", _json_dumps)
+    kwargs.setdefault("json_deserializer", orjson.loads)
     u = make_url(url)
     if u.get_backend_name() == "sqlite":
         if u.database and u.database != ":memory:":

@@ -77,3 +77,11 @@ def test_the_shipped_example_is_valid():
     example = Path(__file__).parents[2] / "deploy" / "gearshift.example.yaml"
     s = load_settings(example)
     assert set(s.tiers) == {Tier.FULL, Tier.FAST} and s.auth.mode == "none"
+    assert s.store.enabled and s.store.url.startswith("sqlite:///~")
+
+
+def test_store_urls_are_normalized():
+    from gateway.store.database import normalize_url
+
+    assert normalize_url("postgresql://u:p@db/g") == "postgresql+psycopg://u:p@db/g"
+    assert normalize_url("sqlite:///~/x.db") == f"sqlite:///{Path.home()}/x.db"
