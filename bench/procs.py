@@ -84,3 +84,9 @@ def tree_cpu_seconds(pid: int) -> float:
             total += stats[current][1]
         frontier.extend(child for child, (ppid, _) in stats.items() if ppid == current)
     return total
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` alone (not its children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK

@@ -140,6 +140,11 @@ class StoreSettings(Section):
         description="how long a batch waits for more steps before it commits: fewer, larger "
         "transactions under load, at most this much later durability",
     )
+    writer_cpus: list[int] | None = Field(
+        default=None,
+        description="CPUs for the writer process (default: the gateway's); give it a core "
+        "of its own when the gateway's is busy",
+    )
     on_full: Literal["wait", "drop"] = Field(
         default="wait",
         description="wait: hold the request up to wait_s for room, then drop; drop: drop at once. "

@@ -1,20 +1,21 @@
-"""The recorder: a bounded queue in front of one writer thread that commits in batches.
+"""The recorder: a bounded queue on the request path, a writer process behind it.
 
 The request path only builds a ``StepRecord`` and offers it (``record``). A
-consumer task takes whatever has queued up, up to ``batch_size``, and commits
-it in one transaction on a single worker thread: under load batches grow on
-their own, so writes per second scale with load while each request pays one
-queue put.
+consumer task takes whatever has queued up (waiting up to ``linger_s`` for more,
+at most ``batch_size``), sends it to the writer process
+(``gateway.recording.writer_process``) and waits for its acknowledgement, which
+comes after the commit. Under load batches grow on their own while the writer
+is busy.
 
 When the queue is full the configured policy applies: ``wait`` holds the
 request for up to ``wait_s`` (backpressure), then drops; ``drop`` drops at
 once. Every drop is counted (``gearshift_recorder_dropped_total``) and logged:
-never silent. A batch that fails on a lost connection is retried with backoff;
-one that fails on its data is written record by record, and records that still
-fail go to a dead-letter file as JSON lines, also counted.
+never silent. If the writer process dies it is restarted and the unacknowledged
+batch is sent again (records already committed are skipped).
 
 Other store operations (feedback, session start and end, reads) go through the
-same queue as barriers, so they see every step recorded before them.
+same queue: the consumer runs them, in this process, once every step queued
+before them is acknowledged, so they see those steps.
 """
 
 from __future__ import annotations
@@ -23,21 +24,18 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
-from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
 from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import DBAPIError, OperationalError
 
 from gateway.config import StoreSettings
 from gateway.metrics import Metrics
 from gateway.recording.records import StepRecord
-from gateway.recording.rewards import load_hooks
-from gateway.recording.writer import StepWriter
+from gateway.recording.writer_process import HEADER, encode
 from gateway.store.database import make_engine, prepare_schema
 
 log = logging.getLogger(__name__)
@@ -59,36 +57,63 @@ class _Op:
         self.future = future
 
 
+class WriterGone(Exception):
+    """The writer process ended or broke the protocol."""
+
+
 class Recorder:
     def __init__(self, settings: StoreSettings, metrics: Metrics, hooks: list[str] | None = None):
         self.settings = settings
         self.metrics = metrics
-        self.engine: Engine | None = None
-        self._writer = StepWriter(load_hooks(hooks or []))
+        self.hooks = list(hooks or [])
+        self.engine: Engine | None = None  # this process's, for operations and reads
         self._queue: asyncio.Queue[StepRecord | _Op] = asyncio.Queue(settings.queue_size)
-        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="recorder")
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-ops")
         self._task: asyncio.Task[None] | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._batch = 0
         self._closing = False
         self._dropped_logged_at = 0.0
 
+    @property
+    def writer_pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
     async def start(self) -> None:
-        """Bring the schema up to date (or refuse an old one), then start writing."""
+        """Bring the schema up to date (or refuse an old one), then start the writer."""
         loop = asyncio.get_running_loop()
         s = self.settings
         await loop.run_in_executor(self._thread, prepare_schema, s.url, s.migrate)
         self.engine = await loop.run_in_executor(self._thread, make_engine, s.url)
+        await self._spawn()
         self._task = asyncio.create_task(self._consume(), name="recorder")
 
+    async def _spawn(self) -> None:
+        cpus = ",".join(map(str, self.settings.writer_cpus)) if self.settings.writer_cpus else "-"
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.recording.writer_process",
+            self.settings.url, self.settings.dead_letter_path, cpus, *self.hooks,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+
     async def close(self) -> None:
-        """Stop taking work, write everything queued, release the database."""
+        """Stop taking work, write everything queued, stop the writer, release the database."""
         self._closing = True
         if self._task is not None:
-            await self._queue.put(
-                _Op(lambda conn: None, asyncio.get_running_loop().create_future())
-            )
-            await self._queue.join()
+            done = asyncio.get_running_loop().create_future()
+            await self._queue.put(_Op(lambda conn: None, done))
+            with contextlib.suppress(Exception):
+                await done
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._proc is not None:
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()  # end of input: the writer exits
+            try:
+                await asyncio.wait_for(self._proc.wait(), 30)
+            except TimeoutError:
+                self._proc.kill()
+                await self._proc.wait()
         if self.engine is not None:
             self.engine.dispose()
         self._thread.shutdown(wait=True)
@@ -101,7 +126,6 @@ class Recorder:
             return self._drop(rec, "closing")
         try:
             self._queue.put_nowait(rec)
-            self.metrics.recorder_queued.set(self._queue.qsize())
             return True
         except asyncio.QueueFull:
             pass
@@ -122,134 +146,105 @@ class Recorder:
             log.warning(
                 "recorder dropped request %s (%s; queue %d/%d, on_full=%s); "
                 "see gearshift_recorder_dropped_total",
-                rec.request_id,
-                why,
-                self._queue.qsize(),
-                self.settings.queue_size,
+                rec.request_id, why, self._queue.qsize(), self.settings.queue_size,
                 self.settings.on_full,
-            )
+            )  # fmt: skip
         return False
 
     async def call(self, fn: Callable[[Connection], T]) -> T:
-        """Run ``fn(conn)`` in a transaction after every step queued before it is written."""
+        """Run ``fn(conn)`` in a transaction after every step queued before it is committed."""
         if self._closing or self._task is None:
             raise RecorderClosed("the trajectory store is not running")
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         await self._queue.put(_Op(fn, future))
         return await future
 
-    # -- the writer side --------------------------------------------------
+    # -- the consumer -----------------------------------------------------
 
     async def _consume(self) -> None:
-        loop = asyncio.get_running_loop()
-        size, linger = self.settings.batch_size, self.settings.linger_s
         while True:
-            batch = [await self._queue.get()]
-            deadline = loop.time() + linger
-            while len(batch) < size:
-                if not self._queue.empty():
-                    batch.append(self._queue.get_nowait())
+            batch = await self._collect()
+            self.metrics.recorder_queued.set(self._queue.qsize())
+            run: list[StepRecord] = []
+            for item in batch:
+                if isinstance(item, StepRecord):
+                    run.append(item)
                     continue
-                left = deadline - loop.time()
-                if left <= 0 or isinstance(batch[-1], _Op) or self._closing:
-                    break  # operations are answered at once
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(left):
-                        batch.append(await self._queue.get())
-            try:
-                await loop.run_in_executor(self._thread, self._write_batch, batch)
-            except Exception:  # a bug in the writer must not stop recording for good
-                log.exception("recorder: unexpected failure writing a batch of %d", len(batch))
-            finally:
-                for _ in batch:
-                    self._queue.task_done()
-                self.metrics.recorder_queued.set(self._queue.qsize())
+                await self._send(run)
+                run = []
+                await self._run_op(item)
+            await self._send(run)
 
-    def _write_batch(self, batch: list[StepRecord | _Op]) -> None:
-        """Steps in runs, each run one transaction; operations one by one, in order."""
-        run: list[StepRecord] = []
-        for item in batch:
-            if isinstance(item, StepRecord):
-                run.append(item)
+    async def _collect(self) -> list[StepRecord | _Op]:
+        """The next batch: what is queued, waiting up to linger_s for more, at most batch_size."""
+        loop = asyncio.get_running_loop()
+        batch = [await self._queue.get()]
+        deadline = loop.time() + self.settings.linger_s
+        while len(batch) < self.settings.batch_size:
+            if not self._queue.empty():
+                batch.append(self._queue.get_nowait())
                 continue
-            self._write_steps(run)
-            run = []
-            self._run_op(item)
-        self._write_steps(run)
+            left = deadline - loop.time()
+            if left <= 0 or isinstance(batch[-1], _Op) or self._closing:
+                break  # operations are answered at once
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    batch.append(await self._queue.get())
+        return batch
 
-    def _write_steps(self, records: list[StepRecord]) -> None:
+    async def _send(self, records: list[StepRecord]) -> None:
+        """Hand records to the writer and wait for its commit; survive its death."""
         if not records:
             return
-        started = time.perf_counter()
-        try:
-            self._with_retry(lambda conn: self._writer.write(conn, records))
-        except DBAPIError as exc:  # the data, not the connection: isolate the bad record
-            log.warning("recorder: batch of %d failed (%s); writing one by one", len(records), exc)
-            for rec in records:
-                try:
-                    self._with_retry(lambda conn, r=rec: self._writer.write(conn, [r]))  # type: ignore[misc]
-                except DBAPIError as one:
-                    self._dead_letter(rec, one)
-                    continue
-                self.metrics.recorder_written.inc()
-            return
-        self.metrics.recorder_written.inc(len(records))
-        self.metrics.recorder_batch.observe(len(records))
-        self.metrics.recorder_commit.observe(time.perf_counter() - started)
-
-    def _with_retry(self, fn: Callable[[Connection], Any]) -> Any:
-        """Run ``fn`` in a transaction; retry while the database is unreachable."""
-        assert self.engine is not None
-        delay, attempts = 0.1, 0
+        self._batch += 1
+        frame = {"batch": self._batch, "resend": False, "records": records}
+        delay = 0.1
         while True:
-            attempts += 1
             try:
-                with self.engine.begin() as conn:
-                    return fn(conn)
-            except OperationalError as exc:
-                self._writer.forget_caches()  # they may name rows that were rolled back
-                if not _is_connection_error(exc) or (self._closing and attempts >= 5):
-                    raise
+                ack = await self._exchange(encode(frame))
+                break
+            except WriterGone as exc:
                 self.metrics.recorder_retries.inc()
-                log.warning("recorder: store unreachable (%s); retrying in %.1fs", exc.orig, delay)
-                time.sleep(delay)
+                log.error("recorder: writer process failed (%s); restarting it", exc)
+                await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-            except DBAPIError:
-                self._writer.forget_caches()
-                raise
+                await self._spawn()
+                frame["resend"] = True
+        self.metrics.recorder_written.inc(ack["written"])
+        if ack["dead"]:
+            self.metrics.recorder_dropped.labels("write_failed").inc(ack["dead"])
+        self.metrics.recorder_batch.observe(len(records))
+        self.metrics.recorder_commit.observe(ack["seconds"])
 
-    def _run_op(self, op: _Op) -> None:
-        loop = op.future.get_loop()
+    async def _exchange(self, frame: bytes) -> dict[str, Any]:
+        proc = self._proc
+        if proc is None or proc.stdin is None or proc.stdout is None:
+            raise WriterGone("not started")
         try:
-            result = self._with_retry(op.fn)
+            proc.stdin.write(frame)
+            await proc.stdin.drain()
+            (size,) = HEADER.unpack(await proc.stdout.readexactly(HEADER.size))
+            ack: dict[str, Any] = orjson.loads(await proc.stdout.readexactly(size))
+            return ack
+        except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError) as exc:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise WriterGone(f"exit status {proc.returncode}: {exc!r}") from exc
+
+    async def _run_op(self, op: _Op) -> None:
+        engine = self.engine
+        assert engine is not None
+
+        def run() -> Any:
+            with engine.begin() as conn:
+                return op.fn(conn)
+
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(self._thread, run)
         except Exception as exc:  # handed to the awaiting coroutine, which maps it
-            loop.call_soon_threadsafe(_set, op.future, None, exc)
+            if not op.future.done():
+                op.future.set_exception(exc)
             return
-        loop.call_soon_threadsafe(_set, op.future, result, None)
-
-    def _dead_letter(self, rec: StepRecord, exc: Exception) -> None:
-        self.metrics.recorder_dropped.labels("write_failed").inc()
-        path = Path(self.settings.dead_letter_path).expanduser()
-        log.error(
-            "recorder: request %s could not be written (%s); kept in %s", rec.request_id, exc, path
-        )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("ab") as f:
-            f.write(orjson.dumps(asdict(rec), default=str) + b"\n")
-
-
-def _set(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
-    if future.done():
-        return
-    if exc is not None:
-        future.set_exception(exc)
-    else:
-        future.set_result(result)
-
-
-def _is_connection_error(exc: OperationalError) -> bool:
-    text = str(exc.orig).lower()
-    return exc.connection_invalidated or any(
-        m in text
-        for m in ("connection", "server closed", "could not connect", "database is locked")
-    )
+        if not op.future.done():
+            op.future.set_result(result)

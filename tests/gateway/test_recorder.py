@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import threading
+import os
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -39,22 +40,28 @@ def count_steps(r: Recorder) -> int:
         return int(conn.execute(select(func.count()).select_from(steps)).scalar() or 0)
 
 
-async def blocked(r: Recorder) -> threading.Event:
-    """Make the writer hang on its next batch until the returned event is set."""
-    gate = threading.Event()
-    real = r._writer.write
+class Paused:
+    """Freeze the writer process (SIGSTOP) so batches stop being acknowledged."""
 
-    def slow(conn, records):
-        gate.wait(10)
-        real(conn, records)
+    def __init__(self, r: Recorder) -> None:
+        assert r.writer_pid is not None
+        self.pid = r.writer_pid
+        os.kill(self.pid, signal.SIGSTOP)
 
-    r._writer.write = slow  # type: ignore[method-assign]
-    return gate
+    def set(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+
+async def blocked(r: Recorder) -> Paused:
+    """Pause a writer that has started (imports done, one batch written)."""
+    await r.record(rec())
+    await r.call(lambda conn: None)
+    return Paused(r)
 
 
 async def test_drop_policy_counts_every_drop(tmp_path):
     metrics = Metrics()
-    r = Recorder(settings(tmp_path, queue_size=2, on_full="drop"), metrics)
+    r = Recorder(settings(tmp_path, queue_size=2, on_full="drop", linger_s=0), metrics)
     await r.start()
     gate = await blocked(r)
     assert await r.record(rec())  # taken by the writer, which now hangs
@@ -74,7 +81,7 @@ async def test_drop_policy_counts_every_drop(tmp_path):
 
 async def test_wait_policy_holds_the_request_then_drops(tmp_path):
     metrics = Metrics()
-    r = Recorder(settings(tmp_path, queue_size=1, on_full="wait", wait_s=0.2), metrics)
+    r = Recorder(settings(tmp_path, queue_size=1, on_full="wait", wait_s=0.2, linger_s=0), metrics)
     await r.start()
     gate = await blocked(r)
     await r.record(rec())
@@ -93,6 +100,24 @@ async def test_wait_policy_holds_the_request_then_drops(tmp_path):
         )
         == 1
     )
+
+
+async def test_a_dead_writer_is_restarted_and_nothing_is_lost(tmp_path):
+    metrics = Metrics()
+    r = Recorder(settings(tmp_path, linger_s=0), metrics)
+    await r.start()
+    await r.record(rec())
+    await r.call(lambda conn: None)
+    first = r.writer_pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    for _ in range(5):
+        await r.record(rec())
+    await r.call(lambda conn: None)  # every step before it is committed
+    assert r.writer_pid != first
+    assert count_steps(r) == 6
+    assert metrics.registry.get_sample_value("gearshift_recorder_retries_total") >= 1
+    await r.close()
 
 
 async def test_close_writes_everything_queued(tmp_path):
