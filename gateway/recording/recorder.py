@@ -176,20 +176,23 @@ class Recorder:
             await self._send(run)
 
     async def _collect(self) -> list[StepRecord | _Op]:
-        """The next batch: what is queued, waiting up to linger_s for more, at most batch_size."""
-        loop = asyncio.get_running_loop()
-        batch = [await self._queue.get()]
-        deadline = loop.time() + self.settings.linger_s
-        while len(batch) < self.settings.batch_size:
-            if not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-                continue
-            left = deadline - loop.time()
-            if left <= 0 or isinstance(batch[-1], _Op) or self._closing:
-                break  # operations are answered at once
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):
-                    batch.append(await self._queue.get())
+        """The next batch: what is queued after lingering linger_s, at most batch_size.
+
+        One sleep per batch rather than a timeout per item: under load the linger is
+        what makes batches large, and a timer per step would cost more than it saves.
+        """
+        first = await self._queue.get()
+        linger = (
+            self.settings.linger_s > 0
+            and not isinstance(first, _Op)
+            and not self._closing
+            and self._queue.qsize() < self.settings.batch_size - 1
+        )
+        if linger:
+            await asyncio.sleep(self.settings.linger_s)
+        batch = [first]
+        while len(batch) < self.settings.batch_size and not self._queue.empty():
+            batch.append(self._queue.get_nowait())
         return batch
 
     async def _send(self, records: list[StepRecord]) -> None:

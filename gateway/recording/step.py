@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from typing import Any
 
 import orjson
@@ -25,7 +25,7 @@ class PendingStep:
         self.wall = time.time()
         n = body.get("n")
         count = min(n, MAX_CHOICES) if isinstance(n, int) and n > 0 else 1
-        self.step_ids = [uuid.uuid4().hex for _ in range(count)]
+        self.step_ids = [os.urandom(16).hex() for _ in range(count)]  # 4x cheaper than uuid4
         self.wants = capture.prepare(ctx.endpoint, body)
         self.stream: capture.StreamCapture | None = (
             capture.StreamCapture(ctx.endpoint, self.wants) if body.get("stream") else None

@@ -16,17 +16,34 @@ import math
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
+import orjson
 from fastapi import APIRouter, Path, Request
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from sqlalchemy import Connection
 
 from gateway.auth import Principal
-from gateway.errors import Conflict, InvalidRequest, ResourceNotFound, StoreUnavailable
+from gateway.errors import (
+    Conflict,
+    InvalidRequest,
+    PayloadTooLarge,
+    ResourceNotFound,
+    StoreUnavailable,
+)
+from gateway.protocol import describe
 from gateway.recording.recorder import RecorderClosed
 from gateway.serving import Gateway
 from gateway.store import queries
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+MAX_BODY = 1 << 20
 Ident = Annotated[str, Path(min_length=1, max_length=256)]
 
 
@@ -76,6 +93,26 @@ class Feedback(Body):
         return self
 
 
+async def parse(request: Request, model: type[M]) -> M:
+    """The JSON body (whatever the content-type: curl's -d says form) as ``model``."""
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            raise PayloadTooLarge(f"request body exceeds {MAX_BODY} bytes")
+    try:
+        data = orjson.loads(raw or b"{}")
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest(f"request body must be a JSON object, not {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        message, param = describe(exc)
+        raise InvalidRequest(message, param=param) from None
+
+
 def build_router(gateway: Gateway) -> APIRouter:
     router = APIRouter(prefix="/v1")
 
@@ -95,8 +132,9 @@ def build_router(gateway: Gateway) -> APIRouter:
             raise StoreUnavailable(str(exc)) from None
 
     @router.post("/sessions", status_code=201)
-    async def start(request: Request, body: SessionStart) -> dict[str, Any]:
+    async def start(request: Request) -> dict[str, Any]:
         who = principal(request)
+        body = await parse(request, SessionStart)
         actions = (
             [a.model_dump() for a in body.expected_actions]
             if body.expected_actions is not None
@@ -109,8 +147,9 @@ def build_router(gateway: Gateway) -> APIRouter:
         )
 
     @router.post("/sessions/{ident}/end")
-    async def end(request: Request, ident: Ident, body: SessionEnd) -> dict[str, Any]:
+    async def end(request: Request, ident: Ident) -> dict[str, Any]:
         who = principal(request)
+        body = await parse(request, SessionEnd)
         return await store(
             lambda c: queries.end_session(c, who.tenant, ident, body.outcome, body.reward)
         )
@@ -126,8 +165,9 @@ def build_router(gateway: Gateway) -> APIRouter:
         return await store(lambda c: queries.get_step(c, who.tenant, ident))
 
     @router.post("/feedback", status_code=201)
-    async def feedback(request: Request, body: Feedback) -> dict[str, Any]:
+    async def feedback(request: Request) -> dict[str, Any]:
         who = principal(request)
+        body = await parse(request, Feedback)
         if body.step_id is not None and not body.step_id.isalnum():
             raise InvalidRequest("step_id must be the id from x-gearshift-step-id", param="step_id")
         return await store(

@@ -112,7 +112,20 @@ def test_bad_feedback_gets_a_clear_400(make_stack):
         r = httpx.post(stack.url + "/v1/feedback", json=body)
         assert r.status_code == 400, (body, r.text)
         assert r.json()["error"]["type"] == "invalid_request_error"
-    r = httpx.post(stack.url + "/v1/feedback", content=b'{"session_id": "s", "score": NaN}')
-    assert r.status_code == 400
+    for raw, says in [
+        (b'{"session_id": "s", "score": NaN}', "not valid JSON"),
+        (b'{"session_id": ', "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object, not list"),
+    ]:
+        r = httpx.post(stack.url + "/v1/feedback", content=raw)
+        assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+    r = httpx.post(stack.url + "/v1/sessions/x/end", json={"reward": "lots"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "reward"
+    r = httpx.post(stack.url + "/v1/feedback", content=b"x" * (2 << 20))
+    assert r.status_code == 413
+    # curl -d sends a form content-type; a JSON body is still read as JSON.
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    r = httpx.post(stack.url + "/v1/sessions", content=b'{"id": "from-curl"}', headers=form)
+    assert r.status_code == 201, r.text
     r = httpx.post(stack.url + "/v1/feedback", json={"session_id": "nope", "score": 1})
     assert r.status_code == 404
