@@ -125,6 +125,9 @@ def start_targets(tmp: Path, mock_url: str, with_litellm: bool) -> list[Target]:
         f"auth: {{mode: keys, keys: [{{name: bench, tenant: bench, sha256: '{hashlib.sha256(KEY.encode()).hexdigest()}'}}]}}\n"
         f"tiers:\n  full: {{model: mock-full, replicas: ['{mock_url}']}}\n"
         f"  fast: {{model: mock-fast, replicas: ['{mock_url}']}}\n"
+        # Like for like with LiteLLM, which records nothing here; recording's own cost is
+        # measured by bench.recorder.
+        "store: {enabled: false}\n"
     )
     gearshift = Path(sys.executable).with_name("gearshift")
     log = tmp / "gearshift.log"

@@ -14,7 +14,7 @@ Part 2: raw ``StepWriter`` commits (batches of 256 agent steps with token ids,
 logprobs, a tool call and reward rows) into SQLite and into a throwaway
 PostgreSQL server, when one can be started.
 
-    python -m bench.recorder [--quick] [--latency-ms 50]
+    python -m bench.recorder [--quick] [--latency-ms 50] [--plot docs/img/recorder.png]
 
 The last line printed is one JSON object. ``throughput_ratio_recording_on`` is the
 engine-bound non-streamed ratio (32 clients, 50 ms per answer: at most 640
@@ -33,6 +33,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from bench.gateway_overhead import CLIENT_CORE, GEARSHIFT_CORE, Target, free_port, loadgen
 from bench.procs import pinned, process_cpu_seconds, start, stop, wait_http
@@ -186,11 +187,43 @@ def store_rates(tmp: Path, quick: bool) -> dict[str, float]:
     return rates
 
 
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = [
+        ("saturated", "plain"),
+        ("saturated", "stream"),
+        ("engine_bound", "plain"),
+        ("engine_bound", "stream"),
+    ]
+    labels = [f"{load.replace('_', '-')}\n{mode}" for load, mode in cases]
+    off = [result[load][mode]["rps_off"] for load, mode in cases]
+    on = [result[load][mode]["rps_on"] for load, mode in cases]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    x = range(len(cases))
+    ax.bar([i - 0.2 for i in x], off, 0.4, label="recording off")
+    ax.bar([i + 0.2 for i in x], on, 0.4, label="recording on")
+    for i, (a, b) in enumerate(zip(off, on, strict=True)):
+        ax.text(i + 0.2, b, f"{b / a:.2f}x", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), labels)
+    ax.set_ylabel("requests/s (gateway on one core)")
+    ax.set_title(
+        f"Recording on vs off (engine-bound: {result['engine_latency_ms']:g} ms per answer)"
+    )
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--plot", type=Path, help="write a bar chart (PNG) of the throughput runs")
     p.add_argument("--latency-ms", type=float, default=50.0, help="engine time per answer")
     p.add_argument(
         "--concurrency", type=int, default=32,
@@ -220,6 +253,8 @@ def main() -> None:
         "steps_per_s": round(rates["sqlite"]),
         "steps_per_s_postgresql": round(rates["postgresql"]) if "postgresql" in rates else None,
     }
+    if a.plot:
+        plot(result, a.plot)
     print(json.dumps(result))
 
 

@@ -215,6 +215,7 @@ def run_stack(mode: str, heal_steps: int, remove: int, max_tokens: int) -> dict[
            "GEARSHIFT_EMBEDDED__FULL_PORT": str(full_port), "GEARSHIFT_EMBEDDED__FAST_PORT": str(fast_port)}  # fmt: skip
     gearshift = Path(sys.executable).with_name("gearshift")
     with tempfile.TemporaryDirectory() as tmp:
+        env["GEARSHIFT_STORE__ENABLED"] = "false"  # tier speed only; recording: bench.recorder
         log = Path(tmp) / "serve.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(

@@ -107,7 +107,13 @@ async def _store_problem(settings: Settings) -> str | None:
     """Migrate (or check) the trajectory store before anything starts, for a clear refusal."""
     if not settings.store.enabled:
         return None
+    from gateway.recording.rewards import load_hooks
     from gateway.store.database import StoreError, prepare_schema
+
+    try:
+        load_hooks(settings.rewards.hooks)
+    except (ValueError, ImportError) as exc:
+        return f"rewards.hooks: {exc}"
 
     try:
         await asyncio.to_thread(prepare_schema, settings.store.url, settings.store.migrate)

@@ -89,12 +89,15 @@ class Recorder:
         self._task = asyncio.create_task(self._consume(), name="recorder")
 
     async def _spawn(self) -> None:
-        cpus = ",".join(map(str, self.settings.writer_cpus)) if self.settings.writer_cpus else "-"
+        s = self.settings
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway.recording.writer_process",
-            self.settings.url, self.settings.dead_letter_path, cpus, *self.hooks,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
+        assert self._proc.stdin is not None
+        config = {"url": s.url, "dead_letter": s.dead_letter_path, "cpus": s.writer_cpus,
+                  "hooks": self.hooks}  # fmt: skip
+        self._proc.stdin.write(encode(config))
 
     async def close(self) -> None:
         """Stop taking work, write everything queued, stop the writer, release the database."""

@@ -6,7 +6,10 @@ engine-bound throughput fell to 0.88 of no recording, streams to 0.86;
 docs/decisions/recorder-process.md). Here the gateway only serializes records.
 
 Wire: frames on stdin/stdout, each a 4-byte big-endian length and an orjson body.
+The first frame configures the writer (on stdin, not argv, so that a database
+password never shows in the process list):
 
+    gateway -> writer  {"url": ..., "dead_letter": ..., "cpus": [..] | null, "hooks": [..]}
     gateway -> writer  {"batch": N, "resend": bool, "records": [StepRecord, ...]}
     writer -> gateway  {"batch": N, "written": n, "dead": m, "seconds": s}
 
@@ -16,10 +19,7 @@ whose step ids exist are skipped. Records the database refuses are retried one
 by one and, if they still fail, appended to the dead-letter file. End of input
 ends the process.
 
-    python -m gateway.recording.writer_process URL DEAD_LETTER_PATH CPUS [HOOK ...]
-
-CPUS is a comma-separated list of CPUs to run on (``store.writer_cpus``), or
-``-`` to keep the gateway's affinity.
+    python -m gateway.recording.writer_process
 """
 
 from __future__ import annotations
@@ -162,19 +162,21 @@ def serve(url: str, dead_letter: Path, hooks: list[str], stdin: BinaryIO, stdout
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+def main() -> int:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr,
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )  # fmt: skip
-    url, dead_letter, cpus, *hooks = args
-    if cpus != "-":
-        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
     # Frames own stdout; anything else a library prints goes to stderr.
     frames = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    return serve(url, Path(dead_letter).expanduser(), hooks, sys.stdin.buffer, frames)
+    config = read_frame(sys.stdin.buffer)
+    if config is None:
+        return 0
+    if config.get("cpus"):
+        os.sched_setaffinity(0, set(config["cpus"]))
+    dead_letter = Path(config["dead_letter"]).expanduser()
+    return serve(config["url"], dead_letter, config["hooks"], sys.stdin.buffer, frames)
 
 
 if __name__ == "__main__":
