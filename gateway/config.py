@@ -145,6 +145,13 @@ class StoreSettings(Section):
         description="CPUs for the writer process (default: the gateway's); give it a core "
         "of its own when the gateway's is busy",
     )
+    writer_nice: int = Field(
+        default=10,
+        ge=0,
+        le=19,
+        description="scheduling niceness of the writer process: on a busy core requests run "
+        "first and the queue absorbs the delay",
+    )
     on_full: Literal["wait", "drop"] = Field(
         default="wait",
         description="wait: hold the request up to wait_s for room, then drop; drop: drop at once. "

@@ -95,7 +95,7 @@ class Recorder:
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert self._proc.stdin is not None
-        config = {"url": s.url, "dead_letter": s.dead_letter_path, "cpus": s.writer_cpus,
+        config = {"url": s.url, "dead_letter": s.dead_letter_path, "cpus": s.writer_cpus, "nice": s.writer_nice,
                   "hooks": self.hooks}  # fmt: skip
         self._proc.stdin.write(encode(config))
 

@@ -175,6 +175,8 @@ def main() -> int:
         return 0
     if config.get("cpus"):
         os.sched_setaffinity(0, set(config["cpus"]))
+    # Background work: when a core is contended, requests go first and the queue absorbs it.
+    os.nice(int(config.get("nice", 0)))
     dead_letter = Path(config["dead_letter"]).expanduser()
     return serve(config["url"], dead_letter, config["hooks"], sys.stdin.buffer, frames)
 
