@@ -41,6 +41,7 @@ from gateway.store.database import make_engine, prepare_schema
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+FLUSH_TIMEOUT_S = 60
 
 
 class RecorderClosed(Exception):
@@ -105,8 +106,18 @@ class Recorder:
         if self._task is not None:
             done = asyncio.get_running_loop().create_future()
             await self._queue.put(_Op(lambda conn: None, done))
-            with contextlib.suppress(Exception):
-                await done
+            try:
+                await asyncio.wait_for(asyncio.shield(done), FLUSH_TIMEOUT_S)
+            except TimeoutError:  # the database is down: say what is lost, do not hang
+                left = self._queue.qsize()
+                self.metrics.recorder_dropped.labels("closing").inc(left)
+                log.error(
+                    "recorder: the store did not take the last %d queued steps within %ds; "
+                    "they are lost (gearshift_recorder_dropped_total{reason=\"closing\"})",
+                    left, FLUSH_TIMEOUT_S,
+                )  # fmt: skip
+            except Exception:
+                log.exception("recorder: flushing on shutdown failed")
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         if self._proc is not None:

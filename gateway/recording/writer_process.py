@@ -89,14 +89,18 @@ class BatchWriter:
         try:
             self._with_retry(lambda conn: self.writer.write(conn, records))
             return len(records), 0
-        except DBAPIError as exc:  # the data, not the connection: isolate the bad record
-            log.warning("batch of %d failed (%s); writing one by one", len(records), exc)
+        # The data, not the connection (or a bug on one record): isolate the bad record
+        # rather than die on it and be restarted into the same batch forever.
+        except Exception as exc:
+            log.warning("batch of %d failed (%r); writing one by one", len(records), exc)
+            self.writer.forget_caches()
         written = dead = 0
         for rec in records:
             try:
                 self._with_retry(lambda conn, r=rec: self.writer.write(conn, [r]))  # type: ignore[misc]
                 written += 1
-            except DBAPIError as one:
+            except Exception as one:
+                self.writer.forget_caches()
                 self._dead_letter(rec, one)
                 dead += 1
         return written, dead
@@ -127,11 +131,10 @@ class BatchWriter:
 
     def _dead_letter(self, rec: StepRecord, exc: Exception) -> None:
         log.error(
-            "request %s could not be written (%s); kept in %s",
-            rec.request_id,
-            exc,
-            self.dead_letter,
-        )
+            "request %s could not be written (%r); kept in %s",
+            rec.request_id, exc, self.dead_letter,
+            exc_info=not isinstance(exc, DBAPIError),  # a bug: keep its traceback
+        )  # fmt: skip
         self.dead_letter.parent.mkdir(parents=True, exist_ok=True)
         with self.dead_letter.open("ab") as f:
             f.write(orjson.dumps(rec, default=str) + b"\n")
