@@ -144,6 +144,27 @@ def cmd_db(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    """Run the sandbox service alone (its own process, as root: it sets up cgroups)."""
+    import uvicorn
+
+    from sandbox.runtime.base import RuntimeUnavailable
+    from sandbox.service import create_app
+
+    config = _load(args.config).sandbox
+    try:
+        app = create_app(config)
+    except RuntimeUnavailable as exc:
+        raise SystemExit(f"gearshift sandbox: refusing to run code: {exc}") from None
+    if config.token is None:
+        print(f"sandbox token (set sandbox.token to keep it): {app.state.sandbox.token.decode()}")
+    where = (
+        {"uds": str(config.socket)} if config.socket else {"host": config.host, "port": config.port}
+    )
+    uvicorn.run(app, log_level=args.log_level, **where)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gearshift", description=__doc__)
     parser.add_argument(
@@ -195,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("--config", type=Path)
     db.add_argument("--store", help="store URL (default: store.url of the configuration)")
     db.set_defaults(func=cmd_db)
+
+    sbx = sub.add_parser("sandbox", help="run the tool sandbox service (as root)")
+    sbx.add_argument("--config", type=Path)
+    sbx.set_defaults(func=cmd_sandbox)
 
     keys = sub.add_parser("keys", help="API key helpers")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from router.types import Tier
+from sandbox.config import SandboxConfig
 
 
 class Section(BaseModel):
@@ -246,6 +247,7 @@ class Settings(BaseSettings):
     telemetry: TelemetrySettings = TelemetrySettings()
     embedded: EmbeddedSettings = EmbeddedSettings()
     store: StoreSettings = StoreSettings()
+    sandbox: SandboxConfig = SandboxConfig()
     rewards: RewardSettings = RewardSettings()
     admin_token: SecretStr | None = None
 

@@ -1,1 +1,6 @@
-"""Sandbox service: deny-by-default tool execution. Not built yet (issue #7)."""
+"""The sandbox service: tool calls under deny-by-default permissions, in real isolation.
+
+Split as policy (``policy``: what may run, pure), runtime (``runtime``: where and how it runs:
+bubblewrap + seccomp + cgroups + rlimits), tools (``tools``: what each tool does), and the wire
+(``service``, ``client``). It never imports the gateway.
+"""

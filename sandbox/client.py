@@ -1,0 +1,71 @@
+"""The gateway's client for the sandbox service (loopback TCP or a Unix socket)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import orjson
+
+from sandbox.protocol import FaultPlan, ToolResult
+
+
+class SandboxError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"sandbox answered {status} {code}: {message}")
+        self.status, self.code = status, code
+
+
+class SandboxClient:
+    def __init__(
+        self, url: str, token: str, socket: str | None = None, timeout_s: float = 3600
+    ) -> None:
+        connector = aiohttp.UnixConnector(path=socket) if socket else None
+        self._base = "http://sandbox" if socket else url.rstrip("/")
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s),
+            headers={"authorization": f"Bearer {token}"},
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = orjson.dumps(body) if body is not None else None
+        async with self._session.request(method, self._base + path, data=data) as resp:
+            raw = await resp.read()
+            if resp.status >= 400:
+                err = orjson.loads(raw).get("error", {}) if raw else {}
+                raise SandboxError(resp.status, err.get("code", ""), err.get("message", raw[:200]))
+            return orjson.loads(raw) if raw else None
+
+    async def tools(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = await self._request("GET", "/v1/tools")
+        return result
+
+    async def create_session(
+        self, tenant: str, key: str, session_id: str | None = None, faults: FaultPlan | None = None
+    ) -> str:
+        body: dict[str, Any] = {
+            "principal": {"tenant": tenant, "key": key},
+            "session_id": session_id,
+        }
+        if faults is not None:
+            body["faults"] = faults.model_dump()
+        return str((await self._request("POST", "/v1/sessions", body))["session_id"])
+
+    async def delete_session(self, session_id: str) -> None:
+        await self._request("DELETE", f"/v1/sessions/{session_id}", {})
+
+    async def call(
+        self,
+        tenant: str,
+        key: str,
+        session_id: str,
+        tool: str,
+        arguments: dict[str, Any],
+        approved: bool = False,
+    ) -> ToolResult:
+        body = {"principal": {"tenant": tenant, "key": key}, "session_id": session_id,
+                "arguments": arguments, "approved": approved}  # fmt: skip
+        return ToolResult.model_validate(await self._request("POST", f"/v1/tools/{tool}", body))

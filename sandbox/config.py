@@ -1,0 +1,61 @@
+"""The sandbox service's configuration (a section of the gateway's ``Settings``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from sandbox.policy import Grant, Policy, ResourceClass, Risk
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Resources(Section):
+    cpu_s: float = Field(default=10.0, gt=0, le=3600)
+    memory_mb: int = Field(default=256, ge=16, le=65536)
+    pids: int = Field(default=64, ge=4, le=4096)
+    wall_s: float = Field(default=30.0, gt=0, le=3600)
+    output_bytes: int = Field(default=64 * 1024, ge=1024, le=64 << 20)
+    file_mb: int = Field(default=64, ge=1, le=65536)
+
+
+class GrantConfig(Section):
+    tools: list[str] = Field(default_factory=list)
+    read: list[str] = Field(default_factory=list, description="glob patterns in the workspace")
+    write: list[str] = Field(default_factory=list)
+    resources: Resources = Resources()
+    approval: list[Risk] = Field(default_factory=list)
+
+    def grant(self) -> Grant:
+        r = self.resources
+        return Grant(
+            frozenset(self.tools), tuple(self.read), tuple(self.write),
+            ResourceClass(r.cpu_s, r.memory_mb, r.pids, r.wall_s, r.output_bytes, r.file_mb),
+            frozenset(self.approval),
+        )  # fmt: skip
+
+
+class SandboxConfig(Section):
+    token: SecretStr | None = Field(
+        default=None, description="shared secret of gateway and sandbox; generated when unset"
+    )
+    socket: Path | None = Field(default=None, description="Unix socket to listen on")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8200, gt=0, lt=65536)
+    root: Path = Field(
+        default=Path("/var/lib/gearshift-sandbox"), description="where session workspaces live"
+    )
+    uid: int = Field(default=65534, ge=1, description="the unprivileged host user code runs as")
+    gid: int = Field(default=65534, ge=1)
+    session_ttl_s: float = Field(default=3600.0, gt=0)
+    grants_by_key: dict[str, GrantConfig] = Field(default_factory=dict)
+    grants_by_tenant: dict[str, GrantConfig] = Field(default_factory=dict)
+
+    def policy(self) -> Policy:
+        return Policy(
+            {k: g.grant() for k, g in self.grants_by_key.items()},
+            {t: g.grant() for t, g in self.grants_by_tenant.items()},
+        )

@@ -1,0 +1,154 @@
+"""The sandbox's HTTP service (Starlette); the logic is in ``sandbox.core``.
+
+    GET    /health
+    GET    /v1/tools                   every tool's JSON schema
+    POST   /v1/sessions                a workspace for one trajectory (+ fault plan)
+    DELETE /v1/sessions/{id}           remove it (also done after session_ttl_s idle)
+    POST   /v1/tools/{name}            run a tool call: policy, faults, runtime, attestation
+
+Every call but /health needs ``Authorization: Bearer <token>`` (constant-time
+comparison). Errors are ``{"error": {"message", "type", "code"}}``; a bug answers
+500 and the service keeps serving. If the isolation runtime is unavailable the
+service refuses to start: it fails closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import stat
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from sandbox.config import SandboxConfig
+from sandbox.core import HTTPError, Sandbox
+from sandbox.protocol import SessionCreate, ToolCall
+from sandbox.runtime.base import Runtime, RuntimeUnavailable
+from sandbox.tools.registry import TOOLS
+
+log = logging.getLogger("gearshift.sandbox")
+MAX_BODY = 4 << 20
+M = TypeVar("M", bound=BaseModel)
+
+
+def _error(status: int, code: str, message: str) -> Response:
+    body = {"error": {"message": message, "type": "sandbox_error", "code": code}}
+    return Response(orjson.dumps(body), status, media_type="application/json")
+
+
+class _Empty(BaseModel):
+    pass
+
+
+class Handlers:
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
+
+    async def parse(self, request: Request, model: type[M]) -> M:
+        auth = request.headers.get("authorization", "")
+        if not hmac.compare_digest(auth.encode(), b"Bearer " + self.sandbox.token):
+            raise HTTPError(401, "unauthorized", "missing or wrong sandbox token")
+        raw = await request.body()
+        if len(raw) > MAX_BODY:
+            raise HTTPError(413, "too_large", f"body exceeds {MAX_BODY} bytes")
+        try:
+            return model.model_validate_json(raw or b"{}")
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(str(p) for p in first["loc"])
+            message = f"{where}: {first['msg']}" if where else first["msg"]
+            raise HTTPError(400, "invalid_request", message) from None
+
+    async def tools(self, request: Request) -> Response:
+        await self.parse(request, _Empty)
+        return _json([t.schema() for t in TOOLS.values()])
+
+    async def create(self, request: Request) -> Response:
+        s = self.sandbox.create(await self.parse(request, SessionCreate))
+        return _json({"session_id": s.id}, 201)
+
+    async def delete(self, request: Request) -> Response:
+        await self.parse(request, _Empty)
+        self.sandbox.remove(request.path_params["sid"])
+        return Response(status_code=204)
+
+    async def call(self, request: Request) -> Response:
+        body = await self.parse(request, ToolCall)
+        result = await self.sandbox.call(request.path_params["name"], body)
+        return Response(result.model_dump_json().encode(), media_type="application/json")
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status, media_type="application/json")
+
+
+def _route(path: str, fn: Callable[[Request], Awaitable[Response]], method: str) -> Route:
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except HTTPError as exc:
+            return _error(exc.status, exc.code, exc.message)
+        except Exception:  # a bug: answer, log, keep serving
+            log.exception("sandbox: unexpected error on %s", request.url.path)
+            return _error(500, "internal", "internal sandbox error; see the service log")
+
+    return Route(path, endpoint, methods=[method])
+
+
+def check_root(config: SandboxConfig) -> None:
+    """Workspaces live under ``root``; the sandbox uid must be able to reach them."""
+    config.root.mkdir(parents=True, exist_ok=True, mode=0o711)
+    for d in [config.root, *config.root.parents]:
+        st = d.stat()
+        if not (st.st_mode & stat.S_IXOTH or st.st_uid == config.uid):
+            raise RuntimeUnavailable(
+                f"sandbox.root {config.root}: {d} is not traversable by uid {config.uid} "
+                "(chmod o+x it, or choose another root)"
+            )
+
+
+def create_app(config: SandboxConfig, runtime: Runtime | None = None) -> Starlette:
+    sandbox = Sandbox(config, runtime)
+    sandbox.runtime.check()  # fail closed: no isolation, no service
+    check_root(config)
+    h = Handlers(sandbox)
+
+    async def health(request: Request) -> Response:
+        return Response(b'{"status":"ok"}', media_type="application/json")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async def reaper() -> None:
+            while True:
+                await asyncio.sleep(min(30.0, config.session_ttl_s))
+                sandbox.expire()
+
+        task = asyncio.create_task(reaper())
+        try:
+            yield
+        finally:
+            task.cancel()
+            for sid in list(sandbox.sessions):
+                sandbox.remove(sid)
+
+    app = Starlette(
+        routes=[
+            Route("/health", health),
+            _route("/v1/tools", h.tools, "GET"),
+            _route("/v1/sessions", h.create, "POST"),
+            _route("/v1/sessions/{sid}", h.delete, "DELETE"),
+            _route("/v1/tools/{name}", h.call, "POST"),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.sandbox = sandbox
+    return app

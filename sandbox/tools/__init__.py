@@ -1,0 +1,1 @@
+"""The tools: their JSON schemas (offered to models) and implementations."""

@@ -1,0 +1,87 @@
+"""The tools: a JSON schema for the model, and how each runs (one entry per tool)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sandbox.policy import ResourceClass
+from sandbox.runtime.base import ProcessResult, Runtime
+from sandbox.tools.files import Workspace
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    workspace: Workspace
+    runtime: Runtime
+    limits: ResourceClass
+
+
+Impl = Callable[[Context, dict[str, Any]], Awaitable["ProcessResult | Any"]]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    run: Impl
+    path_arg: str | None = None  # the argument the policy checks as a workspace path
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                "parameters": self.parameters, "strict": True}}  # fmt: skip
+
+
+def _obj(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": props,
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
+async def run_python(ctx: Context, args: dict[str, Any]) -> ProcessResult:
+    return await ctx.runtime.run(
+        ["python3", "-I", "-"], ctx.workspace.root, ctx.limits, str(args["code"]).encode()
+    )
+
+
+async def run_shell(ctx: Context, args: dict[str, Any]) -> ProcessResult:
+    return await ctx.runtime.run(["sh", "-c", str(args["command"])], ctx.workspace.root, ctx.limits)
+
+
+async def read_file(ctx: Context, args: dict[str, Any]) -> Any:
+    data, truncated = ctx.workspace.read(str(args["path"]), ctx.limits.output_bytes)
+    return {"content": data.decode("utf-8", errors="replace"), "truncated": truncated}
+
+
+async def write_file(ctx: Context, args: dict[str, Any]) -> Any:
+    data = str(args["content"]).encode()
+    if len(data) > ctx.limits.file_mb << 20:
+        raise ValueError(f"content exceeds the {ctx.limits.file_mb} MB file limit")
+    return {"written": ctx.workspace.write(str(args["path"]), data, bool(args.get("append")))}
+
+
+async def list_dir(ctx: Context, args: dict[str, Any]) -> Any:
+    return {"entries": ctx.workspace.list(str(args.get("path") or "."))}
+
+
+TOOLS: dict[str, Tool] = {
+    t.name: t
+    for t in (
+        Tool("run_python", "Run a Python 3 program in the session's workspace (no network).",
+             _obj({"code": {"type": "string"}}, ["code"]), run_python),
+        Tool("run_shell", "Run a POSIX shell command in the session's workspace (no network).",
+             _obj({"command": {"type": "string"}}, ["command"]), run_shell),
+        Tool("read_file", "Read a text file of the workspace.",
+             _obj({"path": {"type": "string"}}, ["path"]), read_file, "path"),
+        Tool("write_file", "Write (or append to) a file of the workspace.",
+             _obj({"path": {"type": "string"}, "content": {"type": "string"},
+                   "append": {"type": "boolean"}}, ["path", "content"]), write_file, "path"),
+        Tool("list_dir", "List a directory of the workspace.",
+             _obj({"path": {"type": "string"}}, []), list_dir, "path"),
+    )
+}  # fmt: skip

@@ -1,0 +1,66 @@
+"""A real sandbox (bubblewrap + seccomp + cgroups) with a permissive grant, for the attacks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox.config import GrantConfig, Resources, SandboxConfig
+from sandbox.core import Sandbox
+from sandbox.protocol import Principal, SessionCreate, ToolCall, ToolResult
+
+EVERYTHING = GrantConfig(
+    tools=["run_python", "run_shell", "read_file", "write_file", "list_dir"],
+    read=["*"],
+    write=["*"],
+    resources=Resources(cpu_s=2, memory_mb=128, pids=32, wall_s=5, output_bytes=4096, file_mb=1),
+)
+WHO = Principal(tenant="acme", key="k1")
+
+
+@pytest.fixture
+def sandbox_root() -> Iterator[Path]:
+    """Under /tmp with o+x parents: the sandbox uid must reach the workspaces."""
+    root = Path(tempfile.mkdtemp(prefix="gearshift-sbx-"))
+    os.chmod(root, 0o711)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def config(sandbox_root: Path) -> SandboxConfig:
+    if os.geteuid() != 0 or shutil.which("bwrap") is None:
+        pytest.fail("the sandbox tests need root and bubblewrap: run ./scripts/install.sh")
+    return SandboxConfig(
+        token="test-token", root=sandbox_root, grants_by_tenant={"acme": EVERYTHING}
+    )
+
+
+class Harness:
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
+        self.session = sandbox.create(SessionCreate(principal=WHO)).id
+
+    async def __call__(self, tool: str, **arguments: object) -> ToolResult:
+        return await self.sandbox.call(
+            tool, ToolCall(principal=WHO, session_id=self.session, arguments=arguments)
+        )
+
+    async def sh(self, command: str) -> ToolResult:
+        return await self("run_shell", command=command)
+
+    async def py(self, code: str) -> ToolResult:
+        return await self("run_python", code=code)
+
+
+@pytest.fixture
+def sbx(config: SandboxConfig) -> Iterator[Harness]:
+    sandbox = Sandbox(config)
+    yield Harness(sandbox)
+    for sid in list(sandbox.sessions):
+        sandbox.remove(sid)

@@ -1,0 +1,175 @@
+"""Attacks on the real sandbox (bubblewrap + seccomp + cgroups + rlimits), each asserting
+containment. All run on loopback only, bounded in time by the resource class (wall 5 s)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+
+from tests.sandbox.conftest import Harness
+
+
+async def test_host_secrets_are_not_there(sbx: Harness):
+    r = await sbx.sh("cat /etc/shadow; ls /root; cat /etc/passwd")
+    assert r.allowed and r.exit_status != 0
+    assert "root:" not in r.stdout and "No such file" in r.stderr
+
+
+async def test_runs_as_an_unprivileged_user_without_capabilities(sbx: Harness):
+    r = await sbx.sh("id -u; grep Cap /proc/self/status")
+    uid, *caps = r.stdout.split("\n")
+    assert uid == "65534"
+    assert all(
+        line.endswith("0000000000000000") for line in caps if line.startswith(("CapEff", "CapPrm"))
+    )
+
+
+async def test_the_system_is_read_only(sbx: Harness):
+    r = await sbx.sh("echo x > /usr/evil; echo $?")
+    assert r.stdout.strip() != "0" and "Read-only" in r.stderr
+
+
+async def test_workspace_is_writable_and_persists_across_calls(sbx: Harness):
+    await sbx.sh("echo kept > state.txt")
+    r = await sbx.py("print(open('state.txt').read().strip())")
+    assert r.stdout.strip() == "kept"
+
+
+async def test_file_tools_refuse_escapes(sbx: Harness):
+    await sbx.sh("ln -s /etc/passwd leak; ln -s / up; ln -s /proc/self/root rootlink")
+    for path in ("../../etc/passwd", "/etc/passwd", "leak", "up/etc/passwd", "rootlink/etc/shadow",
+                 "/proc/self/root/etc/shadow"):  # fmt: skip
+        r = await sbx("read_file", path=path)
+        assert not r.allowed, (path, r)
+    w = await sbx("write_file", path="up/tmp/pwned", content="x")
+    assert not w.allowed and not os.path.exists("/tmp/pwned")
+
+
+async def test_no_network_even_to_loopback(sbx: Harness):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        server.settimeout(0.5)
+        r = await sbx.py(
+            f"import socket\ntry:\n socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+            " print('CONNECTED')\nexcept OSError as e:\n print('refused', e)"
+        )
+        assert "CONNECTED" not in r.stdout
+        try:
+            conn, _ = server.accept()
+            conn.close()
+            raise AssertionError("the sandbox reached a host listener")
+        except TimeoutError:
+            pass
+
+
+async def test_no_abstract_unix_sockets_to_the_host(sbx: Harness):
+    name = f"\0gearshift-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(name)
+        server.listen(1)
+        r = await sbx.py(
+            "import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n"
+            f" s.connect({name!r})\n print('CONNECTED')\nexcept OSError as e:\n print('no', e)"
+        )
+    assert "CONNECTED" not in r.stdout and "no" in r.stdout
+
+
+async def test_fork_bomb_is_capped_by_the_pids_cgroup(sbx: Harness):
+    r = await sbx.py(
+        "import os\nn = 0\ntry:\n while True:\n  if os.fork() == 0:\n   import time; time.sleep(30)\n"
+        "  n += 1\nexcept OSError:\n print('capped at', n)"
+    )
+    assert "capped at" in r.stdout
+    assert int(r.stdout.split()[-1]) < 40
+    assert r.limit in ("pids", None)
+
+
+async def test_memory_hog_is_killed(sbx: Harness):
+    r = await sbx.py("x = bytearray(1 << 30)\nprint('allocated')")
+    assert "allocated" not in r.stdout
+    assert r.limit == "memory" or "MemoryError" in r.stderr
+
+
+async def test_disk_filler_hits_the_file_size_limit(sbx: Harness):
+    r = await sbx.py(
+        "f = open('big', 'wb')\nfor _ in range(100):\n    f.write(b'x' * (1 << 20))\nprint('wrote')"
+    )
+    assert "wrote" not in r.stdout
+    assert r.limit == "file_size" or "File too large" in r.stderr
+    size = (await sbx.sh("stat -c %s big")).stdout.strip()
+    assert int(size) <= 1 << 20
+
+
+async def test_runaway_cpu_is_stopped(sbx: Harness):
+    t0 = time.monotonic()
+    r = await sbx.py("while True:\n    pass")
+    assert r.limit in ("cpu", "wall_time") and time.monotonic() - t0 < 8
+
+
+async def test_wall_time_limit_and_no_daemon_survives(sbx: Harness):
+    marker = f"gearshift-daemon-{os.getpid()}"
+    r = await sbx.sh(f"(setsid sh -c 'exec -a {marker} sleep 600' &) ; sleep 600")
+    assert r.limit == "wall_time"
+    time.sleep(0.2)
+    ps = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+    assert ps.stdout.strip() == "", "a process outlived its sandbox"
+
+
+async def test_dangerous_syscalls_are_refused(sbx: Harness):
+    r = await sbx.py(
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('ptrace', libc.ptrace(16, 1, 0, 0), ctypes.get_errno())\n"
+        "print('mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None), ctypes.get_errno())\n"
+        "print('unshare', libc.unshare(0x10000000), ctypes.get_errno())\n"
+        "print('setns', libc.setns(0, 0), ctypes.get_errno())\n"
+    )
+    for line in r.stdout.strip().splitlines():
+        _name, rc, err = line.split()
+        assert rc == "-1" and err in ("1", "9", "22"), line  # EPERM (or EBADF/EINVAL before it)
+
+
+async def test_cannot_see_host_processes_or_the_service_environment(sbx: Harness, config):
+    r = await sbx.sh("ls /proc | grep -c '^[0-9]'; cat /proc/1/environ | tr '\\0' '\\n'; env")
+    assert int(r.stdout.split()[0]) < 10  # its own pid namespace
+    assert config.token is not None and config.token.get_secret_value() not in r.stdout
+    assert "GEARSHIFT" not in r.stdout
+
+
+async def test_output_flood_is_truncated_with_a_marker(sbx: Harness):
+    r = await sbx.py("print('y' * 100000)")
+    assert (
+        r.truncated
+        and r.limit == "output"
+        and r.stdout.endswith("[... truncated by the sandbox ...]\n")
+    )
+
+
+async def test_another_sessions_workspace_is_out_of_reach(sbx: Harness):
+    other = Harness(sbx.sandbox)
+    await other.sh("echo secret > mine.txt")
+    r = await sbx.sh("cat ../*/mine.txt 2>&1; ls / | tr '\\n' ' '")
+    assert "secret" not in r.stdout
+
+
+async def test_concurrent_calls_are_isolated_and_their_cgroups_removed(sbx: Harness):
+    import asyncio
+
+    results = await asyncio.gather(*(sbx.py(f"print({i} * 2)") for i in range(6)))
+    assert [r.stdout.strip() for r in results] == [str(i * 2) for i in range(6)]
+    assert all(r.usage.get("cpu_s", 0) > 0 for r in results)
+    parent = "/sys/fs/cgroup/pids/gearshift"
+    assert [d for d in os.listdir(parent) if os.path.isdir(f"{parent}/{d}")] == []
+
+
+def test_no_sandboxed_process_is_left_running():
+    """A guard for the tests above: no live process of the sandbox uid remains. (An exited
+    bwrap helper can sit as a zombie until the host's init reaps it; it runs nothing.)"""
+    ps = subprocess.run(
+        ["ps", "-o", "pid=,stat=,cmd=", "-u", "65534"], capture_output=True, text=True
+    )
+    live = [line for line in ps.stdout.splitlines() if line.split()[1][0] != "Z"]
+    assert live == []
