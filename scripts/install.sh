@@ -54,5 +54,16 @@ else
   step "PostgreSQL server binaries not found: install Debian's 'postgresql' package to run the store tests"
 fi
 
+# The tool sandbox isolates with bubblewrap (plus seccomp and cgroups, from the kernel).
+if command -v bwrap >/dev/null; then
+  step "bubblewrap is installed"
+elif command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  step "bubblewrap (Debian package; the tool sandbox's isolation)"
+  apt-get install -y -q --no-install-recommends bubblewrap >/dev/null \
+    || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends bubblewrap >/dev/null; }
+else
+  step "bubblewrap not found: install Debian's 'bubblewrap' package to run the sandbox"
+fi
+
 step "default model (converted once, cached under $GEARSHIFT_HOME/models)"
 GEARSHIFT_HOME="$GEARSHIFT_HOME" .venv/bin/gearshift provision

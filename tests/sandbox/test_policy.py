@@ -89,3 +89,23 @@ def test_normalize():
     assert normalize("../x") is None
     assert normalize("/abs") is None
     assert normalize(None) is None
+
+
+def test_every_branch_of_the_policy_is_covered(tmp_path):
+    """The policy decides what runs: its tests must take every branch (coverage, --branch)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    data = str(tmp_path / ".coverage")
+    env = {"COVERAGE_FILE": data, "PATH": "/usr/bin:/bin"}
+    run = [sys.executable, "-m", "coverage", "run", "--branch", "--include=sandbox/policy.py",
+           "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/sandbox/test_policy.py",
+           "-k", "not every_branch"]  # fmt: skip
+    subprocess.run(run, cwd=root, env=env, check=True, capture_output=True)
+    report = subprocess.run(
+        [sys.executable, "-m", "coverage", "report", "--fail-under=100", "-m"],
+        cwd=root, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stdout
