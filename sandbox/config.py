@@ -51,6 +51,11 @@ class SandboxConfig(Section):
     uid: int = Field(default=65534, ge=1, description="the unprivileged host user code runs as")
     gid: int = Field(default=65534, ge=1)
     session_ttl_s: float = Field(default=3600.0, gt=0)
+    warm: bool = Field(
+        default=True,
+        description="keep one resident interpreter per session for run_python (about 4 ms a "
+        "call instead of about 35 ms); each call still runs in a fresh forked process",
+    )
     grants_by_key: dict[str, GrantConfig] = Field(default_factory=dict)
     grants_by_tenant: dict[str, GrantConfig] = Field(default_factory=dict)
 

@@ -37,6 +37,7 @@ from sandbox.policy import Request as PolicyRequest
 from sandbox.protocol import SessionCreate, ToolCall, ToolResult
 from sandbox.runtime.base import ProcessResult, Runtime
 from sandbox.runtime.bwrap import BwrapRuntime
+from sandbox.runtime.warm import WarmPython
 from sandbox.tools.files import Escape, Workspace
 from sandbox.tools.registry import TOOLS, Context
 
@@ -56,6 +57,7 @@ class Session:
     workspace: Workspace
     faults: Faults
     last_used: float = field(default_factory=time.monotonic)
+    warm: WarmPython | None = None  # the session's resident interpreter, once started
 
 
 class Sandbox:
@@ -96,16 +98,18 @@ class Sandbox:
         s.last_used = time.monotonic()
         return s
 
-    def remove(self, sid: str) -> None:
+    async def remove(self, sid: str) -> None:
         s = self.sessions.pop(sid, None)
         if s is not None:
+            if s.warm is not None:
+                await s.warm.stop()
             shutil.rmtree(s.workspace.root, ignore_errors=True)
 
-    def expire(self) -> int:
+    async def expire(self) -> int:
         cutoff = time.monotonic() - self.config.session_ttl_s
         old = [sid for sid, s in self.sessions.items() if s.last_used < cutoff]
         for sid in old:
-            self.remove(sid)
+            await self.remove(sid)
         return len(old)
 
     # -- tool calls ----------------------------------------------------------
@@ -139,7 +143,14 @@ class Sandbox:
             return _injected(
                 base, fault, session.faults.plan.retry_after_s if session.faults.plan else 1.0
             )
-        ctx = Context(session.workspace, self.runtime, d.resources)
+        if (
+            name == "run_python"
+            and self.config.warm
+            and session.warm is None
+            and isinstance(self.runtime, BwrapRuntime)
+        ):
+            session.warm = WarmPython(self.runtime, session.workspace.root, d.resources)
+        ctx = Context(session.workspace, self.runtime, d.resources, session.warm)
         started = time.perf_counter()
         try:
             out = await TOOLS[name].run(ctx, body.arguments)

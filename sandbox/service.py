@@ -78,7 +78,7 @@ class Handlers:
 
     async def delete(self, request: Request) -> Response:
         await self.parse(request, _Empty)
-        self.sandbox.remove(request.path_params["sid"])
+        await self.sandbox.remove(request.path_params["sid"])
         return Response(status_code=204)
 
     async def call(self, request: Request) -> Response:
@@ -130,7 +130,7 @@ def create_app(config: SandboxConfig, runtime: Runtime | None = None) -> Starlet
         async def reaper() -> None:
             while True:
                 await asyncio.sleep(min(30.0, config.session_ttl_s))
-                sandbox.expire()
+                await sandbox.expire()
 
         task = asyncio.create_task(reaper())
         try:
@@ -138,7 +138,7 @@ def create_app(config: SandboxConfig, runtime: Runtime | None = None) -> Starlet
         finally:
             task.cancel()
             for sid in list(sandbox.sessions):
-                sandbox.remove(sid)
+                await sandbox.remove(sid)
 
     app = Starlette(
         routes=[

@@ -58,7 +58,7 @@ class BwrapRuntime:
         return [
             "/bin/sh", "-c", JOIN, "sh", *cg.procs_files(), "--",
             "prlimit", "--core=0", f"--fsize={limits.file_mb << 20}", "--nofile=256",
-            f"--cpu={max(1, int(limits.cpu_s))}", "--",
+            f"--cpu={max(1, int(limits.cpu_s))}:{max(1, int(limits.cpu_s)) + 1}", "--",
             "setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
             "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
             self._bwrap, "--unshare-all", "--unshare-user", "--disable-userns",

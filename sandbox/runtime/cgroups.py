@@ -99,6 +99,18 @@ class Cgroup:
                 out["memory_peak_mb"] = peak / 2**20
         return out
 
+    def oom_kills(self) -> int:
+        with contextlib.suppress(OSError, ValueError):
+            name = "memory.events" if self.v2 else "memory.oom_control"
+            rows = dict(
+                line.split()
+                for line in (self.dirs["all" if self.v2 else "memory"] / name)
+                .read_text()
+                .splitlines()
+            )
+            return int(rows.get("oom_kill", 0))
+        return 0
+
     def hit(self) -> str | None:
         """Which cgroup limit fired, if one did."""
         with contextlib.suppress(OSError, ValueError):

@@ -8,6 +8,7 @@ from typing import Any
 
 from sandbox.policy import ResourceClass
 from sandbox.runtime.base import ProcessResult, Runtime
+from sandbox.runtime.warm import WarmPython
 from sandbox.tools.files import Workspace
 
 
@@ -16,6 +17,7 @@ class Context:
     workspace: Workspace
     runtime: Runtime
     limits: ResourceClass
+    warm: WarmPython | None = None
 
 
 Impl = Callable[[Context, dict[str, Any]], Awaitable["ProcessResult | Any"]]
@@ -44,6 +46,8 @@ def _obj(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
 
 
 async def run_python(ctx: Context, args: dict[str, Any]) -> ProcessResult:
+    if ctx.warm is not None:  # the session's resident interpreter forks a child per call
+        return await ctx.warm.run(str(args["code"]), b"", ctx.limits)
     return await ctx.runtime.run(
         ["python3", "-I", "-"], ctx.workspace.root, ctx.limits, str(args["code"]).encode()
     )

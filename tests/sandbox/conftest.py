@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -58,9 +58,10 @@ class Harness:
         return await self("run_python", code=code)
 
 
-@pytest.fixture
-def sbx(config: SandboxConfig) -> Iterator[Harness]:
-    sandbox = Sandbox(config)
+@pytest.fixture(params=["warm", "cold"])
+async def sbx(request: pytest.FixtureRequest, config: SandboxConfig) -> AsyncIterator[Harness]:
+    """Every attack runs twice: through the warm interpreter and through cold starts."""
+    sandbox = Sandbox(config.model_copy(update={"warm": request.param == "warm"}))
     yield Harness(sandbox)
     for sid in list(sandbox.sessions):
-        sandbox.remove(sid)
+        await sandbox.remove(sid)

@@ -161,6 +161,7 @@ async def test_concurrent_calls_are_isolated_and_their_cgroups_removed(sbx: Harn
     results = await asyncio.gather(*(sbx.py(f"print({i} * 2)") for i in range(6)))
     assert [r.stdout.strip() for r in results] == [str(i * 2) for i in range(6)]
     assert all(r.usage.get("cpu_s", 0) > 0 for r in results)
+    await sbx.sandbox.remove(sbx.session)
     parent = "/sys/fs/cgroup/pids/gearshift"
     assert [d for d in os.listdir(parent) if os.path.isdir(f"{parent}/{d}")] == []
 

@@ -1,0 +1,116 @@
+"""Warm sandboxes: one resident interpreter per session, inside the same isolation.
+
+The first ``run_python`` of a session starts ``warm_runner`` under bubblewrap + seccomp +
+rlimits in a cgroup of the session's own (memory, pids and CPU limits apply to the session);
+later calls send it code and it forks a fresh child per call (see ``warm_runner``), with the
+call's CPU limit, wall time and output cap; what a call leaves running is killed before the
+reply. A runner that dies or stops answering is killed with its cgroup and started again on
+the next call. Calls within a session run one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+import time
+import uuid
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+
+import orjson
+
+from sandbox.policy import ResourceClass
+from sandbox.runtime import seccomp
+from sandbox.runtime.base import TRUNCATED, ProcessResult
+from sandbox.runtime.bwrap import BwrapRuntime
+from sandbox.runtime.cgroups import Cgroup
+
+SOURCE = resources.files("sandbox.runtime").joinpath("warm_runner.py").read_text()
+HEADER = struct.Struct(">I")
+UNLIMITED_CPU = 10**9  # the runner's own rlimit; each call's child sets its own
+
+
+class WarmPython:
+    def __init__(self, runtime: BwrapRuntime, workspace: Path, limits: ResourceClass) -> None:
+        self.runtime, self.workspace, self.limits = runtime, workspace, limits
+        self.proc: asyncio.subprocess.Process | None = None
+        self.cg: Cgroup | None = None
+        self.lock = asyncio.Lock()
+
+    async def _start(self) -> None:
+        session_limits = replace(self.limits, cpu_s=UNLIMITED_CPU)
+        self.cg = Cgroup("warm-" + uuid.uuid4().hex[:16], self.limits)
+        with seccomp.filter_file() as bpf:
+            argv = ["/usr/bin/python3", "-I", "-c", SOURCE]
+            cmd = self.runtime.command(argv, self.workspace, session_limits, self.cg, bpf.fileno())
+            self.proc = await asyncio.create_subprocess_exec(
+                *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL, pass_fds=(bpf.fileno(),), start_new_session=True,
+            )  # fmt: skip
+
+    async def run(self, code: str, stdin: bytes, limits: ResourceClass) -> ProcessResult:
+        async with self.lock:
+            if self.proc is None or self.proc.returncode is not None:
+                await self.stop()
+                await self._start()
+            assert self.proc is not None and self.cg is not None
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            oom_before = self.cg.oom_kills()
+            request = {"code": code, "stdin": stdin.decode("latin-1"), "cpu_s": limits.cpu_s,
+                       "wall_s": limits.wall_s, "output_bytes": limits.output_bytes}  # fmt: skip
+            body = orjson.dumps(request)
+            started = time.perf_counter()
+            try:
+                self.proc.stdin.write(HEADER.pack(len(body)) + body)
+                await self.proc.stdin.drain()
+                async with asyncio.timeout(limits.wall_s + 5):
+                    (size,) = HEADER.unpack(await self.proc.stdout.readexactly(HEADER.size))
+                    reply = orjson.loads(await self.proc.stdout.readexactly(size))
+            except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+                # The runner itself died (OOM, a call killed it) or hung: start over next time.
+                oom = self.cg.oom_kills() > oom_before
+                await self.stop()
+                return ProcessResult(
+                    exit_status=137, stdout=b"", stderr=f"sandbox runner lost: {exc!r}".encode(),
+                    duration_ms=(time.perf_counter() - started) * 1000,
+                    limit="memory" if oom else "wall_time" if isinstance(exc, TimeoutError) else None,
+                )  # fmt: skip
+            return self._result(reply, limits, self.cg.oom_kills() > oom_before)
+
+    @staticmethod
+    def _result(reply: dict[str, object], limits: ResourceClass, oom: bool) -> ProcessResult:
+        out = str(reply["stdout"]).encode("latin-1")
+        err = str(reply["stderr"]).encode("latin-1")
+        truncated = bool(reply["truncated"])
+        status = int(reply["exit_status"])  # type: ignore[call-overload]
+        limit = reply["limit"] or ("memory" if oom else None)
+        if limit is None and status in (128 + 24, 128 + 9) and not oom:
+            limit = "cpu" if status == 128 + 24 else None
+        if limit is None and status == 128 + 25:
+            limit = "file_size"
+        if limit is None and truncated:
+            limit = "output"
+        return ProcessResult(
+            exit_status=status, stdout=out + TRUNCATED if truncated and len(out) >= limits.output_bytes else out,
+            stderr=err + TRUNCATED if truncated and len(err) >= limits.output_bytes else err,
+            duration_ms=float(reply["duration_ms"]),  # type: ignore[arg-type]
+            limit=str(limit) if limit else None, truncated=truncated,
+            usage=dict(reply.get("usage") or {}),  # type: ignore[call-overload]
+        )  # fmt: skip
+
+    async def stop(self) -> None:
+        proc, cg = self.proc, self.cg
+        self.proc = self.cg = None
+        if proc is not None and proc.returncode is None:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 1)
+        if cg is not None:
+            await asyncio.to_thread(cg.kill, proc.pid if proc and proc.returncode is None else None)
+            if proc is not None and proc.returncode is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), 5)
+            await asyncio.to_thread(cg.remove)
