@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from sandbox.policy import Grant, Policy, ResourceClass, Risk
+from sandbox.policy import Egress, Grant, Policy, ResourceClass, Risk
 
 
 class Section(BaseModel):
@@ -22,19 +22,37 @@ class Resources(Section):
     file_mb: int = Field(default=64, ge=1, le=65536)
 
 
+class EgressConfig(Section):
+    domains: list[str] = Field(default_factory=list, description='names or "*.example.com"')
+    cidrs: list[str] = Field(default_factory=list)
+    ports: list[int] = Field(default_factory=lambda: [443, 80])
+    private: bool = Field(default=False, description="allow private/loopback/link-local targets")
+
+
+class DatabaseConfig(Section):
+    """A database the SQL broker opens for tools (read-only); only the broker knows where."""
+
+    path: Path = Field(description="SQLite file")
+    statements: list[str] = Field(default_factory=lambda: ["select", "with", "explain"])
+
+
 class GrantConfig(Section):
     tools: list[str] = Field(default_factory=list)
+    egress: EgressConfig = EgressConfig()
+    databases: list[str] = Field(default_factory=list)
     read: list[str] = Field(default_factory=list, description="glob patterns in the workspace")
     write: list[str] = Field(default_factory=list)
     resources: Resources = Resources()
     approval: list[Risk] = Field(default_factory=list)
 
     def grant(self) -> Grant:
-        r = self.resources
+        r, e = self.resources, self.egress
         return Grant(
             frozenset(self.tools), tuple(self.read), tuple(self.write),
             ResourceClass(r.cpu_s, r.memory_mb, r.pids, r.wall_s, r.output_bytes, r.file_mb),
             frozenset(self.approval),
+            Egress(tuple(e.domains), tuple(e.cidrs), tuple(e.ports), e.private),
+            frozenset(self.databases),
         )  # fmt: skip
 
 
@@ -56,6 +74,7 @@ class SandboxConfig(Section):
         description="keep one resident interpreter per session for run_python (about 4 ms a "
         "call instead of about 35 ms); each call still runs in a fresh forked process",
     )
+    databases: dict[str, DatabaseConfig] = Field(default_factory=dict)
     grants_by_key: dict[str, GrantConfig] = Field(default_factory=dict)
     grants_by_tenant: dict[str, GrantConfig] = Field(default_factory=dict)
 

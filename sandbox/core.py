@@ -23,10 +23,12 @@ import logging
 import os
 import secrets
 import shutil
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import orjson
 
 from sandbox.config import SandboxConfig
@@ -38,8 +40,10 @@ from sandbox.protocol import SessionCreate, ToolCall, ToolResult
 from sandbox.runtime.base import ProcessResult, Runtime
 from sandbox.runtime.bwrap import BwrapRuntime
 from sandbox.runtime.warm import WarmPython
+from sandbox.tools.fetch import EgressDenied, Resolver, system_resolver, target
 from sandbox.tools.files import Escape, Workspace
 from sandbox.tools.registry import TOOLS, Context
+from sandbox.tools.sql import QueryRefused
 
 log = logging.getLogger("gearshift.sandbox")
 
@@ -61,7 +65,10 @@ class Session:
 
 
 class Sandbox:
-    def __init__(self, config: SandboxConfig, runtime: Runtime | None = None) -> None:
+    def __init__(
+        self, config: SandboxConfig, runtime: Runtime | None = None, resolve: Resolver | None = None
+    ) -> None:
+        self.resolve: Resolver = resolve or system_resolver
         self.config = config
         self.token = (
             config.token.get_secret_value() if config.token else secrets.token_urlsafe(32)
@@ -121,8 +128,7 @@ class Sandbox:
         session = self.get(body.session_id, body.principal.tenant)
         _check_args(name, tool.parameters, body.arguments)
         who = Who(body.principal.tenant, body.principal.key)
-        path = body.arguments.get(tool.path_arg) if tool.path_arg else None
-        decision = self.policy.decide(who, PolicyRequest(name, str(path or "."), body.approved))
+        decision = self.policy.decide(who, _policy_request(name, tool.path_arg, body))
         log.info(
             "tool %s for %s/%s in %s: %s by %s (%s)", name, who.tenant, who.key, session.id,
             "allowed" if decision.allowed else "denied", decision.rule, decision.reason,
@@ -150,13 +156,22 @@ class Sandbox:
             and isinstance(self.runtime, BwrapRuntime)
         ):
             session.warm = WarmPython(self.runtime, session.workspace.root, d.resources)
-        ctx = Context(session.workspace, self.runtime, d.resources, session.warm)
+        ctx = Context(
+            session.workspace, self.runtime, d.resources, session.warm, d.egress, self.resolve,
+            {n: (db.path, tuple(db.statements)) for n, db in self.config.databases.items()},
+        )  # fmt: skip
         started = time.perf_counter()
         try:
             out = await TOOLS[name].run(ctx, body.arguments)
         except Escape as exc:
             return ToolResult(**{**base, "allowed": False, "rule": "workspace", "reason": str(exc)})
-        except (OSError, ValueError) as exc:
+        except EgressDenied as exc:
+            return ToolResult(**{**base, "allowed": False, "rule": "egress", "reason": str(exc)})
+        except QueryRefused as exc:
+            return ToolResult(
+                **{**base, "allowed": False, "rule": "sql broker", "reason": str(exc)}
+            )
+        except (OSError, ValueError, aiohttp.ClientError, sqlite3.Error) as exc:
             return ToolResult(
                 **base,
                 exit_status=1,
@@ -206,6 +221,20 @@ def _injected(base: dict[str, Any], fault: str, retry_after: float) -> ToolResul
     if fault == "permission":
         return ToolResult(**{**marked, "allowed": False, "reason": "permission denied"})
     return ToolResult(**marked, exit_status=137, limit="memory", stderr="killed: out of memory")
+
+
+def _policy_request(name: str, path_arg: str | None, body: ToolCall) -> PolicyRequest:
+    args = body.arguments
+    if name == "http_fetch":
+        try:
+            host, port = target(str(args["url"]))
+        except EgressDenied:
+            return PolicyRequest(name, approved=body.approved)  # no host: refused by the policy
+        return PolicyRequest(name, approved=body.approved, host=host, port=port)
+    if name == "sql_query":
+        return PolicyRequest(name, approved=body.approved, database=str(args["database"]))
+    path = args.get(path_arg) if path_arg else None
+    return PolicyRequest(name, str(path or "."), body.approved)
 
 
 def _check_args(name: str, schema: dict[str, Any], args: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ can flip to turn checking off.
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
 import posixpath
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -47,12 +48,26 @@ class ResourceClass:
 
 
 @dataclass(frozen=True, slots=True)
+class Egress:
+    """Where ``http_fetch`` may go. Addresses are checked again after DNS resolution
+    (``sandbox.tools.fetch``): private, loopback, link-local and metadata addresses are
+    refused unless ``private`` is set or a CIDR here names them."""
+
+    domains: tuple[str, ...] = ()  # exact names or "*.example.com"
+    cidrs: tuple[str, ...] = ()
+    ports: tuple[int, ...] = (443, 80)
+    private: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Grant:
     tools: frozenset[str] = frozenset()
     read: tuple[str, ...] = ()  # glob patterns relative to the workspace
     write: tuple[str, ...] = ()
     resources: ResourceClass = ResourceClass()
     approval: frozenset[Risk] = frozenset()  # risk classes that need an approval
+    egress: Egress = Egress()
+    databases: frozenset[str] = frozenset()  # names the SQL broker knows
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +81,9 @@ class Request:
     tool: str
     path: str | None = None  # for file tools, relative to the workspace
     approved: bool = False  # an approval token was checked by the caller
+    host: str | None = None  # for http_fetch
+    port: int | None = None
+    database: str | None = None  # for sql_query
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +93,7 @@ class Decision:
     reason: str
     risk: Risk | None = None
     resources: ResourceClass | None = None
+    egress: Egress | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,14 +122,10 @@ class Policy:
             return Decision(False, rule, f"tool {req.tool!r} is not granted", risk)
         if risk in grant.approval and not req.approved:
             return Decision(False, rule, f"{risk} tools need an approval", risk)
-        access = PATH_ACCESS.get(req.tool)
-        if access is not None:
-            problem = _path_problem(
-                req.path, grant.read if access == "read" else grant.write, access
-            )
-            if problem:
-                return Decision(False, rule, problem, risk)
-        return Decision(True, rule, "granted", risk, grant.resources)
+        problem = _problem(req, grant)
+        if problem:
+            return Decision(False, rule, problem, risk)
+        return Decision(True, rule, "granted", risk, grant.resources, grant.egress)
 
 
 def normalize(path: str | None) -> str | None:
@@ -121,6 +136,39 @@ def normalize(path: str | None) -> str | None:
     if norm == ".." or norm.startswith("../"):
         return None
     return norm
+
+
+def _problem(req: Request, grant: Grant) -> str | None:
+    access = PATH_ACCESS.get(req.tool)
+    if access is not None:
+        return _path_problem(req.path, grant.read if access == "read" else grant.write, access)
+    if req.tool == "http_fetch":
+        return _egress_problem(req.host, req.port, grant.egress)
+    if req.tool == "sql_query" and req.database not in grant.databases:
+        return f"database {req.database!r} is not granted"
+    return None
+
+
+def _egress_problem(host: str | None, port: int | None, egress: Egress) -> str | None:
+    if not host:
+        return "no host to fetch from"
+    if port not in egress.ports:
+        return f"port {port} is not granted"
+    name = host.lower().rstrip(".")
+    for pattern in egress.domains:
+        if name == pattern or (pattern.startswith("*.") and name.endswith(pattern[1:])):
+            return None
+    if _in_cidrs(name, egress.cidrs):
+        return None
+    return f"host {host!r} is not in the egress allowlist"
+
+
+def _in_cidrs(host: str, cidrs: tuple[str, ...]) -> bool:
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return any(addr in ipaddress.ip_network(c, strict=False) for c in cidrs)
 
 
 def _path_problem(path: str | None, patterns: tuple[str, ...], access: str) -> str | None:

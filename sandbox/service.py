@@ -33,6 +33,7 @@ from sandbox.config import SandboxConfig
 from sandbox.core import HTTPError, Sandbox
 from sandbox.protocol import SessionCreate, ToolCall
 from sandbox.runtime.base import Runtime, RuntimeUnavailable
+from sandbox.tools.fetch import Resolver
 from sandbox.tools.registry import TOOLS
 
 log = logging.getLogger("gearshift.sandbox")
@@ -116,8 +117,10 @@ def check_root(config: SandboxConfig) -> None:
             )
 
 
-def create_app(config: SandboxConfig, runtime: Runtime | None = None) -> Starlette:
-    sandbox = Sandbox(config, runtime)
+def create_app(
+    config: SandboxConfig, runtime: Runtime | None = None, resolve: Resolver | None = None
+) -> Starlette:
+    sandbox = Sandbox(config, runtime, resolve)
     sandbox.runtime.check()  # fail closed: no isolation, no service
     check_root(config)
     h = Handlers(sandbox)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from sandbox.policy import ResourceClass
+from sandbox.policy import Egress, ResourceClass
 from sandbox.runtime.base import ProcessResult, Runtime
 from sandbox.runtime.warm import WarmPython
+from sandbox.tools.fetch import Resolver, fetch, system_resolver
 from sandbox.tools.files import Workspace
+from sandbox.tools.sql import QueryRefused, query
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +21,9 @@ class Context:
     runtime: Runtime
     limits: ResourceClass
     warm: WarmPython | None = None
+    egress: Egress | None = None
+    resolve: Resolver = system_resolver
+    databases: Mapping[str, tuple[Path, tuple[str, ...]]] = field(default_factory=dict)
 
 
 Impl = Callable[[Context, dict[str, Any]], Awaitable["ProcessResult | Any"]]
@@ -69,6 +75,19 @@ async def write_file(ctx: Context, args: dict[str, Any]) -> Any:
     return {"written": ctx.workspace.write(str(args["path"]), data, bool(args.get("append")))}
 
 
+async def http_fetch(ctx: Context, args: dict[str, Any]) -> Any:
+    assert ctx.egress is not None
+    return await fetch(str(args["url"]), ctx.egress, ctx.limits, ctx.resolve)
+
+
+async def sql_query(ctx: Context, args: dict[str, Any]) -> Any:
+    found = ctx.databases.get(str(args["database"]))
+    if found is None:
+        raise QueryRefused(f"the broker knows no database {args['database']!r}")
+    path, classes = found
+    return await query(path, str(args["query"]), classes, ctx.limits.wall_s)
+
+
 async def list_dir(ctx: Context, args: dict[str, Any]) -> Any:
     return {"entries": ctx.workspace.list(str(args.get("path") or "."))}
 
@@ -87,5 +106,10 @@ TOOLS: dict[str, Tool] = {
                    "append": {"type": "boolean"}}, ["path", "content"]), write_file, "path"),
         Tool("list_dir", "List a directory of the workspace.",
              _obj({"path": {"type": "string"}}, []), list_dir, "path"),
+        Tool("http_fetch", "GET a URL on the egress allowlist (no redirects followed).",
+             _obj({"url": {"type": "string"}}, ["url"]), http_fetch),
+        Tool("sql_query", "Run a read-only SQL query on a configured database.",
+             _obj({"database": {"type": "string"}, "query": {"type": "string"}},
+                  ["database", "query"]), sql_query),
     )
 }  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sandbox.policy import (
+    Egress,
     Grant,
     Policy,
     Principal,
@@ -81,6 +82,43 @@ def test_paths_are_matched_per_access(tool, path, allowed):
 def test_paths_outside_the_workspace_are_refused(path):
     d = POLICY.decide(ACME, Request("read_file", path))
     assert not d.allowed and "not inside the workspace" in d.reason
+
+
+NET = Grant(
+    tools=frozenset({"http_fetch", "sql_query"}),
+    egress=Egress(domains=("api.example.com", "*.docs.example.org"), cidrs=("10.1.0.0/16",), ports=(443,)),
+    databases=frozenset({"orders"}),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "allowed", "says"),
+    [
+        ("api.example.com", 443, True, "granted"),
+        ("API.example.com.", 443, True, "granted"),
+        ("v2.docs.example.org", 443, True, "granted"),
+        ("docs.example.org.evil.com", 443, False, "allowlist"),
+        ("api.example.com", 80, False, "port 80"),
+        ("10.1.2.3", 443, True, "granted"),
+        ("10.2.0.1", 443, False, "allowlist"),
+        ("example.net", 443, False, "allowlist"),
+        (None, 443, False, "no host"),
+    ],
+)
+def test_egress(host, port, allowed, says):
+    d = Policy(by_tenant={"t": NET}).decide(
+        Principal("t", "k"), Request("http_fetch", host=host, port=port)
+    )
+    assert d.allowed is allowed and says in d.reason
+    if allowed:
+        assert d.egress == NET.egress
+
+
+def test_databases():
+    p = Policy(by_tenant={"t": NET})
+    assert p.decide(Principal("t", "k"), Request("sql_query", database="orders")).allowed
+    d = p.decide(Principal("t", "k"), Request("sql_query", database="payroll"))
+    assert not d.allowed and "not granted" in d.reason
 
 
 def test_normalize():
