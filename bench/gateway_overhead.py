@@ -128,6 +128,7 @@ def start_targets(tmp: Path, mock_url: str, with_litellm: bool) -> list[Target]:
         # Like for like with LiteLLM, which records nothing here; recording's own cost is
         # measured by bench.recorder.
         "store: {enabled: false}\n"
+        "sandbox: {enabled: false}\n"
     )
     gearshift = Path(sys.executable).with_name("gearshift")
     log = tmp / "gearshift.log"

@@ -49,7 +49,7 @@ def start_gateway(tmp: Path, name: str, mock_url: str, record: bool) -> Target:
         else "{enabled: false}"
     )
     config.write_text(
-        f"port: {port}\nstore: {store}\n"
+        f"port: {port}\nstore: {store}\nsandbox: {{enabled: false}}\n"
         f"tiers:\n  full: {{model: mock-full, replicas: ['{mock_url}']}}\n"
     )
     gearshift = Path(sys.executable).with_name("gearshift")

@@ -216,6 +216,7 @@ def run_stack(mode: str, heal_steps: int, remove: int, max_tokens: int) -> dict[
     gearshift = Path(sys.executable).with_name("gearshift")
     with tempfile.TemporaryDirectory() as tmp:
         env["GEARSHIFT_STORE__ENABLED"] = "false"  # tier speed only; recording: bench.recorder
+        env["GEARSHIFT_SANDBOX__ENABLED"] = "false"
         log = Path(tmp) / "serve.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(

@@ -126,6 +126,17 @@ async def run(settings: Settings) -> int:
     if problem := await _store_problem(settings):
         log.error("%s", problem)
         return 1
+    from gateway.sandbox_process import start_sandbox
+
+    sandbox = await start_sandbox(settings)
+    try:
+        return await _run(settings)
+    finally:
+        if sandbox is not None:
+            await sandbox.stop()
+
+
+async def _run(settings: Settings) -> int:
     supervisor = None
     if not settings.tiers:
         started = await _start_embedded(settings)

@@ -57,6 +57,9 @@ class GrantConfig(Section):
 
 
 class SandboxConfig(Section):
+    enabled: bool = Field(
+        default=True, description="`gearshift serve` starts the sandbox service (needs root)"
+    )
     token: SecretStr | None = Field(
         default=None, description="shared secret of gateway and sandbox; generated when unset"
     )

@@ -34,6 +34,7 @@ def test_sigkill_under_load_keeps_every_acknowledged_step(tmp_path: Path):
                 {
                     "tiers": {"full": {"model": "m", "replicas": [replica]}},
                     "store": {"url": f"sqlite:///{db}", "batch_size": 16},
+                    "sandbox": {"enabled": False},
                 }
             )
         )

@@ -1,0 +1,93 @@
+"""``gearshift serve`` runs the tool sandbox as a child process on a Unix socket.
+
+The sandbox gets the ``sandbox`` section of the configuration (written to a private
+file), a token (the configured one, or a fresh random one), and dies with the gateway
+(PR_SET_PDEATHSIG), even on ``kill -9``. Where it cannot isolate (not root, no
+bubblewrap) it is not started and the gateway says so: tools never run unsandboxed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import secrets
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+from gateway.config import Settings
+from sandbox.runtime.base import RuntimeUnavailable
+from sandbox.runtime.bwrap import BwrapRuntime
+
+log = logging.getLogger("gearshift")
+
+
+def _die_with_parent() -> None:  # in the child, between fork and exec
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class SandboxProcess:
+    def __init__(self, proc: asyncio.subprocess.Process, socket: Path, token: str, config: Path):
+        self.proc, self.socket, self.token, self._config = proc, socket, token, config
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        with contextlib.suppress(OSError):
+            self._config.unlink()
+
+
+async def start_sandbox(settings: Settings, timeout_s: float = 20.0) -> SandboxProcess | None:
+    cfg = settings.sandbox
+    if not cfg.enabled:
+        return None
+    try:
+        BwrapRuntime(cfg.uid, cfg.gid).check()
+    except RuntimeUnavailable as exc:
+        log.warning("tool sandbox not started: %s (tools cannot run until it is)", exc)
+        return None
+    token = cfg.token.get_secret_value() if cfg.token else secrets.token_urlsafe(32)
+    socket = cfg.socket or settings.embedded.home / f"sandbox-{settings.port}.sock"
+    socket.parent.mkdir(parents=True, exist_ok=True)
+    section = cfg.model_dump(mode="json") | {"token": token, "socket": str(socket)}
+    fd, name = tempfile.mkstemp(prefix="gearshift-sandbox-", suffix=".yaml")
+    with os.fdopen(fd, "w") as f:  # mode 0600: the token is in it
+        yaml.safe_dump({"sandbox": section}, f)
+    gearshift = Path(sys.executable).with_name("gearshift")
+    proc = await asyncio.create_subprocess_exec(
+        str(gearshift), "--log-level", "warning", "sandbox", "--config", name,
+        preexec_fn=_die_with_parent,
+    )  # fmt: skip
+    sandbox = SandboxProcess(proc, socket, token, Path(name))
+    if await _healthy(socket, proc, timeout_s):
+        log.info("tool sandbox ready on unix:%s", socket)
+        return sandbox
+    await sandbox.stop()
+    log.error("tool sandbox did not start (exit status %s); tools cannot run", proc.returncode)
+    return None
+
+
+async def _healthy(socket: Path, proc: asyncio.subprocess.Process, timeout_s: float) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline and proc.returncode is None:
+        with contextlib.suppress(aiohttp.ClientError, OSError):
+            async with (
+                aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(socket))) as s,
+                s.get("http://sandbox/health") as r,
+            ):
+                if r.status == 200:
+                    return True
+        await asyncio.sleep(0.1)
+    return False
