@@ -30,6 +30,7 @@ from sandbox.core import Sandbox
 from sandbox.policy import ResourceClass
 from sandbox.protocol import Principal, SessionCreate, ToolCall
 from sandbox.runtime.bwrap import BwrapRuntime
+from sandbox.runtime.gvisor import RunscRuntime
 
 WHO = Principal(tenant="bench", key="k")
 
@@ -75,6 +76,10 @@ async def main_async(quick: bool) -> dict[str, float]:
             result[f"plain_{name}_p50_ms"] = round(statistics.median(base), 2)
             print(f"{name:6s} sandboxed p50 {statistics.median(cold):6.1f} ms p99 {pct(cold, 0.99):6.1f} ms"
                   f" | plain subprocess p50 {statistics.median(base):5.1f} ms", flush=True)  # fmt: skip
+        gv = RunscRuntime()
+        gvisor = await timed(max(5, n // 10), lambda: gv.run(["/bin/true"], ws, limits))
+        result["cold_gvisor_true_p50_ms"] = round(statistics.median(gvisor), 1)
+        print(f"gVisor /bin/true p50 {statistics.median(gvisor):6.1f} ms", flush=True)
         config = SandboxConfig(
             token="bench", root=root,
             grants_by_tenant={"bench": GrantConfig(tools=["run_python"], resources=Resources())},

@@ -23,8 +23,8 @@ import aiohttp
 import yaml
 
 from gateway.config import Settings
+from sandbox.runtime import RUNTIMES
 from sandbox.runtime.base import RuntimeUnavailable
-from sandbox.runtime.bwrap import BwrapRuntime
 
 log = logging.getLogger("gearshift")
 
@@ -54,7 +54,7 @@ async def start_sandbox(settings: Settings, timeout_s: float = 20.0) -> SandboxP
     if not cfg.enabled:
         return None
     try:
-        BwrapRuntime(cfg.uid, cfg.gid).check()
+        RUNTIMES[cfg.runtime](cfg.uid, cfg.gid).check()
     except RuntimeUnavailable as exc:
         log.warning("tool sandbox not started: %s (tools cannot run until it is)", exc)
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
@@ -68,6 +69,11 @@ class SandboxConfig(Section):
     port: int = Field(default=8200, gt=0, lt=65536)
     root: Path = Field(
         default=Path("/var/lib/gearshift-sandbox"), description="where session workspaces live"
+    )
+    runtime: Literal["bwrap", "gvisor"] = Field(
+        default="bwrap",
+        description="bwrap: bubblewrap + seccomp + cgroups (fast, warm sessions); gvisor: runsc, "
+        "a user-space kernel (stronger boundary, about 200 ms a start)",
     )
     uid: int = Field(default=65534, ge=1, description="the unprivileged host user code runs as")
     gid: int = Field(default=65534, ge=1)

@@ -37,6 +37,7 @@ from sandbox.policy import Decision
 from sandbox.policy import Principal as Who
 from sandbox.policy import Request as PolicyRequest
 from sandbox.protocol import SessionCreate, ToolCall, ToolResult
+from sandbox.runtime import RUNTIMES
 from sandbox.runtime.base import ProcessResult, Runtime
 from sandbox.runtime.bwrap import BwrapRuntime
 from sandbox.runtime.warm import WarmPython
@@ -73,7 +74,7 @@ class Sandbox:
         self.token = (
             config.token.get_secret_value() if config.token else secrets.token_urlsafe(32)
         ).encode()
-        self.runtime = runtime or BwrapRuntime(config.uid, config.gid)
+        self.runtime = runtime or RUNTIMES[config.runtime](config.uid, config.gid)
         self.policy = config.policy()
         self.sessions: dict[str, Session] = {}
 

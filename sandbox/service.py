@@ -33,6 +33,7 @@ from sandbox.config import SandboxConfig
 from sandbox.core import HTTPError, Sandbox
 from sandbox.protocol import SessionCreate, ToolCall
 from sandbox.runtime.base import Runtime, RuntimeUnavailable
+from sandbox.runtime.cgroups import remove_stale
 from sandbox.tools.fetch import Resolver
 from sandbox.tools.registry import TOOLS
 
@@ -123,6 +124,7 @@ def create_app(
     sandbox = Sandbox(config, runtime, resolve)
     sandbox.runtime.check()  # fail closed: no isolation, no service
     check_root(config)
+    remove_stale()
     h = Handlers(sandbox)
 
     async def health(request: Request) -> Response:

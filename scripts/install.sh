@@ -54,15 +54,16 @@ else
   step "PostgreSQL server binaries not found: install Debian's 'postgresql' package to run the store tests"
 fi
 
-# The tool sandbox isolates with bubblewrap (plus seccomp and cgroups, from the kernel).
-if command -v bwrap >/dev/null; then
-  step "bubblewrap is installed"
+# The tool sandbox isolates with bubblewrap (plus seccomp and cgroups, from the kernel), or
+# with gVisor's runsc when configured so; the tests exercise both.
+if command -v bwrap >/dev/null && command -v runsc >/dev/null; then
+  step "bubblewrap and gVisor (runsc) are installed"
 elif command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-  step "bubblewrap (Debian package; the tool sandbox's isolation)"
-  apt-get install -y -q --no-install-recommends bubblewrap >/dev/null \
-    || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends bubblewrap >/dev/null; }
+  step "bubblewrap and gVisor runsc (Debian packages; the tool sandbox's isolation)"
+  apt-get install -y -q --no-install-recommends bubblewrap runsc >/dev/null \
+    || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends bubblewrap runsc >/dev/null; }
 else
-  step "bubblewrap not found: install Debian's 'bubblewrap' package to run the sandbox"
+  step "bubblewrap/runsc not found: install Debian's 'bubblewrap' and 'runsc' to run the sandbox"
 fi
 
 step "default model (converted once, cached under $GEARSHIFT_HOME/models)"

@@ -21,6 +21,21 @@ ROOT = Path("/sys/fs/cgroup")
 V1 = ("memory", "pids", "cpu", "cpuacct")
 
 
+def remove_stale(root: Path = ROOT) -> int:
+    """Remove the empty run cgroups a crashed service left behind (never touches a
+    cgroup with processes in it: another sandbox service may own it)."""
+    removed = 0
+    for parent in [root / "gearshift", *(root / c / "gearshift" for c in V1)]:
+        if not parent.is_dir():
+            continue
+        for d in parent.iterdir():
+            with contextlib.suppress(OSError):
+                if d.is_dir() and not (d / "cgroup.procs").read_text().strip():
+                    d.rmdir()
+                    removed += 1
+    return removed
+
+
 class Cgroup:
     def __init__(self, name: str, limits: ResourceClass, root: Path = ROOT) -> None:
         self.v2 = (root / "cgroup.controllers").exists()

@@ -42,8 +42,10 @@ def config(sandbox_root: Path) -> SandboxConfig:
 
 
 class Harness:
-    def __init__(self, sandbox: Sandbox) -> None:
+    def __init__(self, sandbox: Sandbox, kind: str = "cold") -> None:
         self.sandbox = sandbox
+        self.kind = kind  # warm | cold | gvisor
+        self.gvisor = kind == "gvisor"
         self.session = sandbox.create(SessionCreate(principal=WHO)).id
 
     async def __call__(self, tool: str, **arguments: object) -> ToolResult:
@@ -58,10 +60,17 @@ class Harness:
         return await self("run_python", code=code)
 
 
-@pytest.fixture(params=["warm", "cold"])
+@pytest.fixture(params=["warm", "cold", "gvisor"])
 async def sbx(request: pytest.FixtureRequest, config: SandboxConfig) -> AsyncIterator[Harness]:
-    """Every attack runs twice: through the warm interpreter and through cold starts."""
-    sandbox = Sandbox(config.model_copy(update={"warm": request.param == "warm"}))
-    yield Harness(sandbox)
+    """Every attack runs three times: bubblewrap warm (resident interpreter) and cold, and
+    under gVisor."""
+    if request.param == "gvisor" and shutil.which("runsc") is None:
+        pytest.fail("gVisor (runsc) is not installed: run ./scripts/install.sh")
+    update = {
+        "warm": request.param == "warm",
+        "runtime": "gvisor" if request.param == "gvisor" else "bwrap",
+    }
+    sandbox = Sandbox(config.model_copy(update=update))
+    yield Harness(sandbox, request.param)
     for sid in list(sandbox.sessions):
         await sandbox.remove(sid)
