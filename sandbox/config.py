@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from sandbox.policy import Egress, Grant, Policy, ResourceClass, Risk
+from sandbox.protocol import FaultPlan
 
 
 class Section(BaseModel):
@@ -84,6 +85,11 @@ class SandboxConfig(Section):
         "call instead of about 35 ms); each call still runs in a fresh forked process",
     )
     databases: dict[str, DatabaseConfig] = Field(default_factory=dict)
+    faults_by_tenant: dict[str, FaultPlan] = Field(
+        default_factory=dict,
+        description="fault plans for RL environments, applied to every session of the tenant "
+        "that does not bring its own",
+    )
     grants_by_key: dict[str, GrantConfig] = Field(default_factory=dict)
     grants_by_tenant: dict[str, GrantConfig] = Field(default_factory=dict)
 

@@ -94,7 +94,7 @@ class Sandbox:
             sid,
             body.principal.tenant,
             Workspace(root, self.config.uid, self.config.gid),
-            Faults(body.faults),
+            Faults(body.faults or self.config.faults_by_tenant.get(body.principal.tenant)),
         )
         self.sessions[sid] = s
         return s

@@ -125,6 +125,18 @@ def test_scripted_and_seeded_faults_are_marked(service):
     assert got[2]["retry_after_s"] == 1.0
 
 
+def test_tenant_wide_fault_plan_applies_to_sessions_without_their_own(config):
+    from sandbox.protocol import FaultPlan
+
+    cfg = config.model_copy(update={"faults_by_tenant": {"acme": FaultPlan(script=["permission"])}})
+    with serve_in_thread(create_app(cfg)) as url:
+        sid = session(url)
+        got = call(url, "run_python", sid, code="print(1)").json()
+        assert got["fault"] == "permission" and got["allowed"] is False
+        own = session(url, faults={"script": [None]})
+        assert call(url, "run_python", own, code="print(1)").json()["stdout"] == "1\n"
+
+
 def test_attestation_covers_request_and_result(service):
     sid = session(service)
     body = {
