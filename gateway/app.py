@@ -13,7 +13,7 @@ from gateway.config import Settings
 from gateway.errors import register_exception_handlers
 from gateway.metrics import Metrics
 from gateway.middleware import GatewayEntry
-from gateway.routes import openai, ops, trajectories
+from gateway.routes import openai, ops, tools, trajectories
 from gateway.serving import Gateway
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ def create_app(
     app.include_router(openai.build_router(gateway))
     app.include_router(ops.build_router(gateway))
     app.include_router(trajectories.build_router(gateway))
+    app.include_router(tools.build_router(gateway))
     register_exception_handlers(app)
     app.add_middleware(GatewayEntry, gateway=gateway)
     return app

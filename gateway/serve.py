@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import aiohttp
 import uvicorn
+from pydantic import SecretStr
 
 from backends.supervisor import Supervisor, SupervisorError
 from gateway.app import create_app
@@ -129,6 +130,11 @@ async def run(settings: Settings) -> int:
     from gateway.sandbox_process import start_sandbox
 
     sandbox = await start_sandbox(settings)
+    if sandbox is not None:  # the gateway reaches it with the same socket and token
+        running = settings.sandbox.model_copy(
+            update={"socket": sandbox.socket, "token": SecretStr(sandbox.token)}
+        )
+        settings = settings.model_copy(update={"sandbox": running})
     try:
         return await _run(settings)
     finally:

@@ -41,6 +41,7 @@ from gateway.scrape import Scraper
 from gateway.telemetry import build_tracer_provider, end_span, start_span
 from gateway.upstream import new_session
 from router import RouteRequest, Tier, build_policy
+from sandbox.client import SandboxClient
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._unknown_fields: set[str] = set()  # already logged as forwarded unknown
         self._dispatcher: Dispatcher | None = None
+        self.sandbox: SandboxClient | None = None  # set when `serve` runs the tool sandbox
         self.recorder = (
             Recorder(settings.store, self.metrics, settings.rewards.hooks)
             if settings.store.enabled
@@ -94,6 +96,11 @@ class Gateway:
     async def start(self) -> None:
         if self.recorder is not None:
             await self.recorder.start()
+        sb = self.settings.sandbox
+        if sb.enabled and sb.token is not None:  # run by `serve`, or a sandbox deployed apart
+            socket = str(sb.socket) if sb.socket is not None else None
+            url = f"http://{sb.host}:{sb.port}"
+            self.sandbox = SandboxClient(url, sb.token.get_secret_value(), socket=socket)
         self._session = new_session(self.settings.timeouts)
         self._dispatcher = Dispatcher(
             self.pools, self._session, self.settings.timeouts, self.settings.retries, self.metrics
@@ -108,6 +115,8 @@ class Gateway:
             await pool.stop()
         if self._session is not None:
             await self._session.close()
+        if self.sandbox is not None:
+            await self.sandbox.close()
         if self.recorder is not None:
             await self.recorder.close()  # after the pools: every finished step is queued
         shutdown = getattr(self.tracer_provider, "shutdown", None)

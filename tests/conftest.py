@@ -37,3 +37,16 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
     admin = request.getfixturevalue("postgres_admin_url")
     return fresh_database(admin, "t_" + uuid.uuid4().hex[:12])
+
+
+@pytest.fixture
+def sandbox_root() -> Iterator[Path]:
+    """A sandbox workspace root under /tmp with o+x parents: the sandbox uid must reach it."""
+    import os
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="gearshift-sbx-"))
+    os.chmod(root, 0o711)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)

@@ -186,3 +186,51 @@ def step_view(m: Any) -> dict[str, Any]:
         "logprobs": codec.unpack_floats(m["logprobs"]),
         "created_at": m["created_at"].isoformat() if m["created_at"] else None,
     }
+
+
+def record_tool_result(
+    conn: Connection,
+    tenant: str,
+    session: str,
+    call_id: str,
+    outcome: dict[str, Any],
+) -> bool:
+    """Attach a sandbox result to the recorded tool call it answers; False when no step of
+    this session recorded a call with that id (the result is still returned to the caller)."""
+    try:
+        sid = _session_row(conn, tenant, session).id
+    except NotFound:
+        return False
+    row = conn.execute(
+        select(tool_calls.c.id).where(
+            tool_calls.c.session_id == sid,
+            tool_calls.c.call_id == call_id,
+            tool_calls.c.tenant_id == tenant,
+        )
+    ).first()
+    if row is None:
+        return False
+    status = (
+        "denied" if not outcome["allowed"] else "ok" if outcome.get("exit_status") == 0 else "error"
+    )
+    conn.execute(
+        update(tool_calls)
+        .where(tool_calls.c.id == row[0])
+        .values(
+            result=outcome.get("text"), status=status, exit_status=outcome.get("exit_status"),
+            duration_ms=outcome.get("duration_ms"), denial=None if outcome["allowed"] else outcome.get("reason"),
+            injected_fault=outcome.get("fault"), attestation=outcome.get("attestation"),
+        )
+    )  # fmt: skip
+    now = now_utc()
+    values = {"tool_success": 1.0 if status == "ok" else -1.0}
+    if outcome.get("duration_ms"):
+        values["tool_seconds"] = -float(outcome["duration_ms"]) / 1000
+    for name, value in values.items():
+        conn.execute(
+            insert(rewards_t).values(
+                tenant_id=tenant, session_id=sid, tool_call_id=row[0], scope="tool_call",
+                name=name, value=value, source="sandbox", created_at=now,
+            )
+        )  # fmt: skip
+    return True

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -21,15 +20,6 @@ EVERYTHING = GrantConfig(
     resources=Resources(cpu_s=2, memory_mb=128, pids=32, wall_s=5, output_bytes=4096, file_mb=1),
 )
 WHO = Principal(tenant="acme", key="k1")
-
-
-@pytest.fixture
-def sandbox_root() -> Iterator[Path]:
-    """Under /tmp with o+x parents: the sandbox uid must reach the workspaces."""
-    root = Path(tempfile.mkdtemp(prefix="gearshift-sbx-"))
-    os.chmod(root, 0o711)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
