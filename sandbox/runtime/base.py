@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -35,3 +37,61 @@ class Runtime(Protocol):
     async def run(
         self, argv: list[str], workspace: Path, limits: ResourceClass, stdin: bytes = b""
     ) -> ProcessResult: ...
+
+
+class Capped:
+    """Keeps the first ``cap`` bytes of a stream and notes that there was more."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.chunks: list[bytes] = []
+        self.kept = 0
+        self.truncated = False
+
+    async def drain(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(65536):
+            room = self.cap - self.kept
+            if room > 0:
+                self.chunks.append(chunk[:room])
+                self.kept += min(room, len(chunk))
+            if len(chunk) > room:
+                self.truncated = True
+
+    def value(self) -> bytes:
+        data = b"".join(self.chunks)
+        return data + TRUNCATED if self.truncated else data
+
+
+class Streams:
+    """A sandboxed process's stdin written and its stdout/stderr read, capped."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, cap: int) -> None:
+        assert proc.stdin and proc.stdout and proc.stderr
+        self.proc = proc
+        self.out, self.err = Capped(cap), Capped(cap)
+        self._readers = asyncio.gather(self.out.drain(proc.stdout), self.err.drain(proc.stderr))
+
+    @property
+    def truncated(self) -> bool:
+        return self.out.truncated or self.err.truncated
+
+    async def run(self, stdin: bytes, wall_s: float) -> bool:
+        """Feed stdin, read until the process ends; False when the wall time ran out."""
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.proc.stdin.write(stdin)
+            await self.proc.stdin.drain()
+            self.proc.stdin.close()
+        try:
+            async with asyncio.timeout(wall_s):
+                await self._readers
+                await self.proc.wait()
+            return True
+        except TimeoutError:
+            return False
+
+    async def close(self) -> None:
+        """Stop reading (after the process tree was killed)."""
+        self._readers.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._readers

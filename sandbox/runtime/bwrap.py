@@ -17,7 +17,6 @@ timeout the whole cgroup is killed, so a daemon that double-forked is gone too.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from sandbox.policy import ResourceClass
 from sandbox.runtime import seccomp
-from sandbox.runtime.base import TRUNCATED, ProcessResult, RuntimeUnavailable
+from sandbox.runtime.base import ProcessResult, RuntimeUnavailable, Streams
 from sandbox.runtime.cgroups import Cgroup
 
 SANDBOX_UID = 65534  # nobody
@@ -100,31 +99,18 @@ class BwrapRuntime:
         stdin: bytes,
         started: float,
     ) -> ProcessResult:
-        assert proc.stdin and proc.stdout and proc.stderr
-        out, err = _Capped(limits.output_bytes), _Capped(limits.output_bytes)
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            proc.stdin.write(stdin)
-            await proc.stdin.drain()
-            proc.stdin.close()
-        readers = asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr))
-        limit = None
-        try:
-            async with asyncio.timeout(limits.wall_s):
-                await readers
-                await proc.wait()
-        except TimeoutError:
-            limit = "wall_time"
+        io = Streams(proc, limits.output_bytes)
+        limit = None if await io.run(stdin, limits.wall_s) else "wall_time"
         # Everything inside goes (daemons included); the launcher (bwrap) then reaps its
         # children and exits by itself, so nothing is orphaned to the host's init.
         await asyncio.to_thread(cg.kill, proc.pid)
-        readers.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await readers
+        await io.close()
         try:
             status = await asyncio.wait_for(proc.wait(), 5)
         except TimeoutError:
             proc.kill()
             status = await proc.wait()
+        out, err = io.out, io.err
         usage = cg.usage()
         if limit is None:
             limit = cg.hit() or _signal_limit(status, usage, limits, out.truncated or err.truncated)
@@ -145,26 +131,3 @@ def _signal_limit(
     if status in (128 + 25, -25):  # SIGXFSZ
         return "file_size"
     return "output" if truncated else None
-
-
-class _Capped:
-    """Keeps the first ``cap`` bytes of a stream and counts the rest."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.chunks: list[bytes] = []
-        self.kept = 0
-        self.truncated = False
-
-    async def drain(self, stream: asyncio.StreamReader) -> None:
-        while chunk := await stream.read(65536):
-            room = self.cap - self.kept
-            if room > 0:
-                self.chunks.append(chunk[:room])
-                self.kept += min(room, len(chunk))
-            if len(chunk) > room:
-                self.truncated = True
-
-    def value(self) -> bytes:
-        data = b"".join(self.chunks)
-        return data + TRUNCATED if self.truncated else data

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.policy import ResourceClass
-from sandbox.runtime.base import ProcessResult, RuntimeUnavailable
-from sandbox.runtime.bwrap import _Capped
+from sandbox.runtime.base import ProcessResult, RuntimeUnavailable, Streams
 
 STATE = Path("/run/gearshift-runsc")
 
@@ -107,22 +106,14 @@ class RunscRuntime:
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True,
         )  # fmt: skip
-        assert proc.stdin and proc.stdout and proc.stderr
-        out, err = _Capped(limits.output_bytes), _Capped(limits.output_bytes)
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            proc.stdin.write(stdin)
-            await proc.stdin.drain()
-            proc.stdin.close()
-        limit = None
+        io = Streams(proc, limits.output_bytes)
         try:
-            async with asyncio.timeout(limits.wall_s):
-                await asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr))
-                await proc.wait()
-        except TimeoutError:
-            limit = "wall_time"
+            limit = None if await io.run(stdin, limits.wall_s) else "wall_time"
         finally:
             await self._destroy(base, cid, proc)
+            await io.close()
             shutil.rmtree(bundle, ignore_errors=True)
+        out, err = io.out, io.err
         status = proc.returncode if proc.returncode is not None else 137
         truncated = out.truncated or err.truncated
         if limit is None and status == 128 + 24:
