@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from gateway.errors import InvalidRequest, ResourceNotFound, StoreUnavailable
+from gateway.errors import InvalidRequest, ResourceNotFound, StoreUnavailable, UpstreamError
 from gateway.routes.trajectories import parse
 from gateway.serving import Gateway
 from gateway.store import queries
@@ -80,7 +80,9 @@ def build_router(gateway: Gateway) -> APIRouter:
         except SandboxError as exc:
             if exc.status == 404:
                 raise ResourceNotFound(str(exc)) from None
-            raise InvalidRequest(str(exc), status=exc.status if exc.status < 500 else 502) from None
+            if exc.status in (400, 409, 413):
+                raise InvalidRequest(str(exc), status=exc.status) from None
+            raise UpstreamError(f"tool sandbox: {exc}") from None  # 401, 5xx: not the caller's
         recorded = False
         if body.tool_call_id and gateway.recorder is not None:
             text = result.stdout or (
