@@ -98,6 +98,11 @@ class AuthSettings(Section):
 class RouterSettings(Section):
     policy: str = "length_threshold"
     params: dict[str, Any] = Field(default_factory=dict)
+    escalate: bool = Field(
+        default=True,
+        description="re-run a routed fast-tier answer on the full tier when it fails validation "
+        "(invalid tool call, missing forced tool call, cut by the token limit)",
+    )
 
 
 class LimitsSettings(Section):

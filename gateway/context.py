@@ -30,6 +30,7 @@ class RequestContext:
     completion_tokens: int | None = None
     finish_reasons: list[str] = field(default_factory=list)
     error: str | None = None
+    escalated: str | None = None  # why a fast-tier answer was re-run on the full tier
 
     def overhead_ms(self, now: float | None = None) -> float:
         """Time spent in the gateway itself so far: elapsed minus time waiting on replicas."""
@@ -39,4 +40,6 @@ class RequestContext:
     @property
     def route_reason(self) -> str:
         reason = self.decision.reason if self.decision else "pinned"
+        if self.escalated:
+            reason += f"; escalated to full: {self.escalated}"
         return f"{reason}; fallback to {self.tier}" if self.fallback else reason

@@ -107,6 +107,12 @@ class Metrics:
             ["tier", "replica"],
             registry=r,
         )
+        self.escalations = Counter(
+            "gearshift_escalations",
+            "Fast-tier answers re-run on the full tier before reaching the client",
+            ["reason"],
+            registry=r,
+        )
         self.recorder_queued = Gauge(
             "gearshift_recorder_queue", "Steps waiting to be written to the store", registry=r
         )

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
+from gateway import escalation
 from gateway.auth import Authenticator
 from gateway.config import Settings
 from gateway.context import RequestContext
@@ -160,7 +161,39 @@ class Gateway:
             raise
         if isinstance(result, OpenStream):
             return self._stream_response(ctx, span, result, strip_usage, step)
+        if allow_fallback and ctx.tier is Tier.FAST and self.settings.router.escalate:
+            try:
+                result = await self._escalate(request.receive, ctx, body, result)
+            except ClientGone:
+                self._finish(ctx, span, CLIENT_CLOSED, stream, None)
+                await self._record(step, ctx, CLIENT_CLOSED)
+                return Response(status_code=CLIENT_CLOSED)
+            except GatewayError as exc:
+                ctx.error = exc.message
+                self._finish(ctx, span, exc.status, stream, None)
+                await self._record(step, ctx, exc.status)
+                raise
         return await self._complete_response(ctx, span, result, stream, step)
+
+    async def _escalate(
+        self, receive: Receive, ctx: RequestContext, body: dict[str, Any], result: Completed
+    ) -> Completed:
+        """Re-run a fast-tier answer that fails validation on the full tier (before commit)."""
+        if result.status != 200 or Tier.FULL not in self.pools:
+            return result
+        try:
+            found = escalation.problem(body, orjson.loads(result.body))
+        except orjson.JSONDecodeError:
+            return result
+        if found is None:
+            return result
+        kind, why = found
+        self.metrics.escalations.labels(kind).inc()
+        log.info("request %s: fast-tier answer escalated to full (%s)", ctx.request_id, why)
+        ctx.escalated, ctx.tier = why, Tier.FULL
+        again = await self._dispatch_or_disconnect(receive, ctx, body, False, False)
+        assert isinstance(again, Completed)
+        return again
 
     async def _record(self, step: PendingStep | None, ctx: RequestContext, status: int) -> None:
         if step is not None and self.recorder is not None:

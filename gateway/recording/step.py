@@ -80,6 +80,7 @@ class PendingStep:
             route_reason=ctx.route_reason,
             features=dict(d.features) if d else None,
             fallback=ctx.fallback,
+            escalated=ctx.escalated is not None,
             attempts=ctx.attempts,
             choices=choices or [],
             prompt_tokens=ctx.prompt_tokens,

@@ -180,6 +180,8 @@ def step_view(m: Any) -> dict[str, Any]:
         "route_reason": m["route_reason"],
         "propensity": m["propensity"],
         "rewritten": m["rewritten"],
+        "escalated": m["escalated"],
+        "fallback": m["fallback"],
         "response": m["response"],
         "prompt_token_ids": codec.unpack_ids(m["prompt_token_ids"]),
         "completion_token_ids": codec.unpack_ids(m["completion_token_ids"]),
