@@ -1,0 +1,95 @@
+"""Step features and the rules policy: deterministic, explained, and configurable."""
+
+from __future__ import annotations
+
+import pytest
+
+from router import PolicyError, RouteRequest, Tier, build_policy
+from router.step_features import step_features
+
+
+def chat(*messages: dict, **extra: object) -> dict:
+    return {"model": "auto", "messages": list(messages), **extra}
+
+
+USER = {"role": "user", "content": "What is the capital of France?"}
+
+
+def test_features_of_a_tool_loop():
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{}"}}],
+    }
+    body = chat(
+        USER,
+        call,
+        {"role": "tool", "tool_call_id": "1", "content": "Error: timeout"},
+        tools=[{}, {}],
+    )
+    f = step_features(body)
+    assert f["tool_loop_depth"] == 1 and f["last_tool_error"] == 1 and f["tools_offered"] == 2
+    assert f["user_turns"] == 1 and f["messages"] == 3
+    ok = step_features(chat(USER, call, {"role": "tool", "tool_call_id": "1", "content": "sunny"}))
+    assert ok["last_tool_error"] == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "math"),
+    [
+        ("Fix this:\n```python\nprint(1)\n```", 1, 0),
+        ("def add(a, b): return a + b  -- why does it fail?", 1, 0),
+        ("Prove that the sum of two even numbers is even.", 0, 1),
+        ("Compute 17 * 23", 0, 1),
+        ("What is the capital of France?", 0, 0),
+    ],
+)
+def test_code_and_math_markers(text, code, math):
+    f = step_features(chat({"role": "user", "content": text}))
+    assert (f["code"], f["math"]) == (code, math)
+
+
+def test_client_asks():
+    f = step_features(chat(USER, response_format={"type": "json_object"}, tool_choice="required",
+                           max_tokens=64, reasoning_effort="high"))  # fmt: skip
+    assert (f["structured_output"], f["forced_tool"], f["max_tokens"], f["reasoning_effort"]) == (
+        1,
+        1,
+        64,
+        2,
+    )
+
+
+def test_rules_force_full_and_explain_why():
+    p = build_policy("rules")
+    code = p.decide(RouteRequest("chat", chat({"role": "user", "content": "```\nx = 1\n```"})))
+    assert (
+        code.tier is Tier.FULL
+        and code.reason.startswith("rule code")
+        and code.features["code"] == 1
+    )
+    effort = p.decide(RouteRequest("chat", chat(USER, reasoning_effort="high")))
+    assert effort.tier is Tier.FULL and "effort" in effort.reason
+    plain = p.decide(RouteRequest("chat", chat(USER)))
+    assert plain.tier is Tier.FAST and "no rule applied" in plain.reason
+    assert plain.policy == "rules/length_threshold" and "prompt_tokens" in plain.features
+    assert p.decide(RouteRequest("chat", chat(USER))) == plain  # deterministic
+
+
+def test_rules_can_be_turned_off_and_wrap_any_base():
+    p = build_policy("rules", {"code": False, "base": "always_full"})
+    d = p.decide(RouteRequest("chat", chat({"role": "user", "content": "```x```"})))
+    assert d.tier is Tier.FULL and "constant policy" in d.reason
+
+
+@pytest.mark.parametrize(
+    ("params", "says"),
+    [
+        ({"code": "yes"}, "true or false"),
+        ({"colour": 1}, "unknown parameters"),
+        ({"base": "rules"}, "cannot be"),
+    ],
+)
+def test_bad_parameters_fail_at_start_up(params, says):
+    with pytest.raises(PolicyError, match=says):
+        build_policy("rules", params)
