@@ -15,15 +15,46 @@ from typing import Any
 
 from router.features import estimate_prompt_tokens
 
+# Cheap substring tests first (C speed), and bounded patterns only after a hint matched: a
+# hostile request must not be able to make a decision slow. The tests also see only SCAN
+# characters at each end of the user's text, so a decision stays cheap whatever its size.
+CODE_HINTS = ("```", "def ", "class ", "import ", "#include", "function", "=>", "SELECT")
 CODE = re.compile(
-    r"```|\bdef \w+\(|\bclass \w+[:(]|\bimport \w+|#include\b|\bfunction\s*\(|=>|\bSELECT\b.+\bFROM\b",
-    re.S,
+    r"```|\bdef \w{1,64}\(|\bclass \w{1,64}[:(]|\bimport \w|#include\b|\bfunction\s{0,8}\("
+    r"|=>|\bSELECT\b[^;]{0,80}?\bFROM\b"
 )
-MATH = re.compile(
-    r"\\(frac|int|sum|sqrt)|\$[^$]+\$|\b(prove|integral|derivative|equation|theorem)\b|\d\s*[-+*/^]\s*\d",
-    re.I,
+MATH_HINTS = (
+    "\\frac",
+    "\\int",
+    "\\sum",
+    "\\sqrt",
+    "prove",
+    "integral",
+    "derivative",
+    "equation",
+    "theorem",
 )
-TOOL_ERROR = re.compile(r"^\s*(error|traceback|exception|permission denied)|\"error\"\s*:", re.I)
+DOLLARS = re.compile(r"\$[^$\n]{1,200}\$")
+ARITHMETIC = re.compile(r"\d[ ]{0,4}[-+*/^][ ]{0,4}\d")
+TOOL_ERROR = re.compile(
+    r"^\s{0,16}(error|traceback|exception|permission denied)|\"error\"\s{0,4}:", re.I
+)
+SCAN = 2048
+
+
+def has_code(text: str) -> bool:
+    return any(h in text for h in CODE_HINTS) and CODE.search(text) is not None
+
+
+def has_math(text: str) -> bool:
+    low = text.lower()
+    if any(h in low for h in MATH_HINTS):
+        return True
+    if "$" in text and DOLLARS.search(text):
+        return True
+    return ARITHMETIC.search(text) is not None
+
+
 EFFORT = {"minimal": 0.0, "low": 0.0, "medium": 1.0, "high": 2.0}
 
 
@@ -44,6 +75,8 @@ def step_features(body: Mapping[str, Any]) -> dict[str, float]:
     user_text = (
         _text(msgs[last_user].get("content")) if last_user >= 0 else str(body.get("prompt") or "")
     )
+    if len(user_text) > 2 * SCAN:
+        user_text = user_text[:SCAN] + "\n" + user_text[-SCAN:]
     fmt = body.get("response_format")
     choice = body.get("tool_choice")
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
@@ -53,9 +86,9 @@ def step_features(body: Mapping[str, Any]) -> dict[str, float]:
         "user_turns": float(sum(1 for m in msgs if m.get("role") == "user")),
         "tools_offered": float(len(body.get("tools") or ())),
         "tool_loop_depth": float(sum(1 for m in tail if m.get("role") == "assistant" and m.get("tool_calls"))),
-        "last_tool_error": float(bool(tool_msgs) and bool(TOOL_ERROR.search(_text(tool_msgs[-1].get("content"))))),
-        "code": float(bool(CODE.search(user_text))),
-        "math": float(bool(MATH.search(user_text))),
+        "last_tool_error": float(bool(tool_msgs) and bool(TOOL_ERROR.search(_text(tool_msgs[-1].get("content"))[:SCAN]))),
+        "code": float(has_code(user_text)),
+        "math": float(has_math(user_text)),
         "structured_output": float(isinstance(fmt, Mapping) and fmt.get("type") in ("json_schema", "json_object")),
         "forced_tool": float(choice == "required" or isinstance(choice, Mapping)),
         "max_tokens": float(limit) if isinstance(limit, int) else 0.0,
