@@ -32,12 +32,23 @@ class SandboxClient:
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         data = orjson.dumps(body) if body is not None else None
-        async with self._session.request(method, self._base + path, data=data) as resp:
-            raw = await resp.read()
-            if resp.status >= 400:
-                err = orjson.loads(raw).get("error", {}) if raw else {}
-                raise SandboxError(resp.status, err.get("code", ""), err.get("message", raw[:200]))
-            return orjson.loads(raw) if raw else None
+        try:
+            async with self._session.request(method, self._base + path, data=data) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise SandboxError(
+                502, "unreachable", f"the sandbox service is unreachable: {exc!r}"
+            ) from exc
+        if status >= 400:
+            try:
+                err = orjson.loads(raw).get("error", {})
+            except (orjson.JSONDecodeError, AttributeError):
+                err = {}
+            raise SandboxError(
+                status, err.get("code", ""), err.get("message", raw[:200].decode(errors="replace"))
+            )
+        return orjson.loads(raw) if raw else None
 
     async def tools(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = await self._request("GET", "/v1/tools")

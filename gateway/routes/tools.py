@@ -73,7 +73,11 @@ def build_router(gateway: Gateway) -> APIRouter:
             except SandboxError as exc:
                 if exc.status != 404 or exc.code == "unknown_tool":
                     raise
-                await sbx.create_session(who.tenant, who.key_name, session_id=sid)
+                try:
+                    await sbx.create_session(who.tenant, who.key_name, session_id=sid)
+                except SandboxError as race:
+                    if race.status != 409:  # 409: a concurrent first call created it
+                        raise
                 result = await sbx.call(
                     who.tenant, who.key_name, sid, name, body.arguments, body.approved
                 )

@@ -71,3 +71,14 @@ def test_tools_without_a_sandbox_or_a_session_get_clear_errors(make_stack):
     assert r.status_code == 503 and "sandbox is not running" in r.json()["error"]["message"]
     r = httpx.post(stack.url + "/v1/tools/run_python", json={"arguments": {}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "session_id"
+
+
+def test_an_unreachable_sandbox_is_a_502_not_a_crash(make_stack):
+    port = free_port()  # nothing listens there
+    stack = make_stack([FakeUpstream()], sandbox={"token": "t", "host": "127.0.0.1", "port": port})
+    r = httpx.post(
+        stack.url + "/v1/tools/run_python",
+        headers={"x-session-id": "s"},
+        json={"arguments": {"code": "1"}},
+    )
+    assert r.status_code == 502 and "unreachable" in r.json()["error"]["message"]
