@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
@@ -124,7 +124,7 @@ class Supervisor:
                 stderr=asyncio.subprocess.STDOUT,
                 env=environment(m.spec, self._base_env),
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         log.info(
             "started vLLM %s (pid %d) on %s, log %s",

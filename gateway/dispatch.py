@@ -48,6 +48,7 @@ class Completed:
     status: int
     body: bytes
     headers: Mapping[str, str]
+    data: Any = None  # ``body`` parsed, once someone has parsed it
 
 
 @dataclass(slots=True)

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import secrets
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -22,15 +20,12 @@ from pathlib import Path
 import aiohttp
 import yaml
 
+from backends.supervisor import die_with_parent
 from gateway.config import Settings
 from sandbox.runtime import RUNTIMES
 from sandbox.runtime.base import RuntimeUnavailable
 
 log = logging.getLogger("gearshift")
-
-
-def _die_with_parent() -> None:  # in the child, between fork and exec
-    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class SandboxProcess:
@@ -68,7 +63,7 @@ async def start_sandbox(settings: Settings, timeout_s: float = 20.0) -> SandboxP
     gearshift = Path(sys.executable).with_name("gearshift")
     proc = await asyncio.create_subprocess_exec(
         str(gearshift), "--log-level", "warning", "sandbox", "--config", name,
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent,
     )  # fmt: skip
     sandbox = SandboxProcess(proc, socket, token, Path(name))
     if await _healthy(socket, proc, timeout_s):

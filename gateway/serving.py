@@ -149,6 +149,8 @@ class Gateway:
             result = await self._dispatch_or_disconnect(
                 request.receive, ctx, body, stream, allow_fallback
             )
+            if isinstance(result, Completed) and allow_fallback and ctx.tier is Tier.FAST:
+                result = await self._escalate(request.receive, ctx, body, result)
         except ClientGone:
             self.metrics.client_disconnects.labels(str(ctx.tier)).inc()
             self._finish(ctx, span, CLIENT_CLOSED, stream, None)
@@ -161,30 +163,19 @@ class Gateway:
             raise
         if isinstance(result, OpenStream):
             return self._stream_response(ctx, span, result, strip_usage, step)
-        if allow_fallback and ctx.tier is Tier.FAST and self.settings.router.escalate:
-            try:
-                result = await self._escalate(request.receive, ctx, body, result)
-            except ClientGone:
-                self._finish(ctx, span, CLIENT_CLOSED, stream, None)
-                await self._record(step, ctx, CLIENT_CLOSED)
-                return Response(status_code=CLIENT_CLOSED)
-            except GatewayError as exc:
-                ctx.error = exc.message
-                self._finish(ctx, span, exc.status, stream, None)
-                await self._record(step, ctx, exc.status)
-                raise
         return await self._complete_response(ctx, span, result, stream, step)
 
     async def _escalate(
         self, receive: Receive, ctx: RequestContext, body: dict[str, Any], result: Completed
     ) -> Completed:
         """Re-run a fast-tier answer that fails validation on the full tier (before commit)."""
-        if result.status != 200 or Tier.FULL not in self.pools:
+        if not self.settings.router.escalate or result.status != 200 or Tier.FULL not in self.pools:
             return result
         try:
-            found = escalation.problem(body, orjson.loads(result.body))
+            result.data = orjson.loads(result.body)  # kept: the response path reuses it
         except orjson.JSONDecodeError:
             return result
+        found = escalation.problem(body, result.data)
         if found is None:
             return result
         kind, why = found
@@ -314,7 +305,7 @@ class Gateway:
         body = result.body
         record = None
         if result.status == 200:
-            response_model, data = self._note_usage(ctx, result.body)
+            response_model, data = self._note_usage(ctx, result)
             if step is not None and data is not None:
                 body, record = step.answer(ctx, data, body)
         elif not _is_openai_error(result.body):
@@ -333,11 +324,11 @@ class Gateway:
         return response
 
     def _note_usage(
-        self, ctx: RequestContext, raw: bytes
+        self, ctx: RequestContext, result: Completed
     ) -> tuple[str | None, dict[str, Any] | None]:
         """The served model's name and the parsed answer (None when it is not a JSON object)."""
         try:
-            data = orjson.loads(raw)
+            data = result.data if result.data is not None else orjson.loads(result.body)
             usage = data.get("usage") or {}
             ctx.prompt_tokens = usage.get("prompt_tokens")
             ctx.completion_tokens = usage.get("completion_tokens")

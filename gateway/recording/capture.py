@@ -28,10 +28,9 @@ class Wants:
 
 def prepare(endpoint: str, body: dict[str, Any]) -> Wants:
     """Mutate ``body`` so that the engine returns token ids and per-token log-probabilities."""
+    asked = body.get("logprobs")  # completions: an int (0 asks too); chat: a bool
     wants = Wants(
-        logprobs=bool(body.get("logprobs")) or body.get("logprobs") == 0
-        if endpoint == "completions"
-        else bool(body.get("logprobs")),
+        logprobs=asked is not None if endpoint == "completions" else bool(asked),
         token_ids=bool(body.get("return_token_ids")),
     )
     body["return_token_ids"] = True

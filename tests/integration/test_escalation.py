@@ -6,21 +6,9 @@ from __future__ import annotations
 import httpx
 
 from tests.support.fake_upstream import Behaviour, FakeUpstream
+from tests.support.tools import WEATHER_TOOLS
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-                "additionalProperties": False,
-            },
-        },
-    }
-]
+TOOLS = WEATHER_TOOLS
 
 
 def tool_message(arguments: str) -> dict:

@@ -12,22 +12,10 @@ import orjson
 
 from tests.integration.conftest import Stack
 from tests.support.fake_upstream import Behaviour, FakeUpstream, fake_ids
+from tests.support.tools import WEATHER_TOOLS
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-                "additionalProperties": False,
-            },
-        },
-    }
-]
+TOOLS = WEATHER_TOOLS
 
 
 def call(stack: Stack, body: dict, headers: dict | None = None) -> httpx.Response:
