@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -208,15 +210,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_stack(mode: str, heal_steps: int, remove: int, max_tokens: int) -> dict[str, Any]:
+@contextlib.contextmanager
+def embedded_stack(env: dict[str, str] | None = None, label: str = "") -> Iterator[str]:
+    """Run ``gearshift serve`` (embedded stack, its own ports, store and sandbox off) and
+    yield its URL once ready; stopped with SIGINT on exit."""
     port, full_port, fast_port = free_port(), free_port(), free_port()
-    env = {**os.environ, "GEARSHIFT_EMBEDDED__FAST_MODE": mode, "GEARSHIFT_EMBEDDED__HEAL_STEPS": str(heal_steps),
-           "GEARSHIFT_EMBEDDED__PRUNE_REMOVE": str(remove),
-           "GEARSHIFT_EMBEDDED__FULL_PORT": str(full_port), "GEARSHIFT_EMBEDDED__FAST_PORT": str(fast_port)}  # fmt: skip
+    env = {**os.environ, **(env or {}),
+           "GEARSHIFT_EMBEDDED__FULL_PORT": str(full_port), "GEARSHIFT_EMBEDDED__FAST_PORT": str(fast_port),
+           "GEARSHIFT_STORE__ENABLED": "false", "GEARSHIFT_SANDBOX__ENABLED": "false"}  # fmt: skip
     gearshift = Path(sys.executable).with_name("gearshift")
     with tempfile.TemporaryDirectory() as tmp:
-        env["GEARSHIFT_STORE__ENABLED"] = "false"  # tier speed only; recording: bench.recorder
-        env["GEARSHIFT_SANDBOX__ENABLED"] = "false"
         log = Path(tmp) / "serve.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
@@ -226,18 +229,22 @@ def run_stack(mode: str, heal_steps: int, remove: int, max_tokens: int) -> dict[
                 env=env,
             )
         try:
-            print(
-                f"[{mode}, heal {heal_steps}] starting the stack (provisioning the fast tier if needed)",
-                flush=True,
-            )
+            print(f"{label}starting the stack (provisioning the fast tier if needed)", flush=True)
             wait_http(f"http://127.0.0.1:{port}/ready", proc, log, timeout_s=1200)  # type: ignore[arg-type]
-            result = asyncio.run(measure(f"http://127.0.0.1:{port}", max_tokens))
+            yield f"http://127.0.0.1:{port}"
         finally:
             proc.send_signal(signal.SIGINT)
             try:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def run_stack(mode: str, heal_steps: int, remove: int, max_tokens: int) -> dict[str, Any]:
+    env = {"GEARSHIFT_EMBEDDED__FAST_MODE": mode, "GEARSHIFT_EMBEDDED__HEAL_STEPS": str(heal_steps),
+           "GEARSHIFT_EMBEDDED__PRUNE_REMOVE": str(remove)}  # fmt: skip
+    with embedded_stack(env, f"[{mode}, heal {heal_steps}] ") as url:
+        result = asyncio.run(measure(url, max_tokens))
     result.update({"mode": mode, "heal_steps": heal_steps, "layers_removed": remove})
     print(json.dumps(result), flush=True)
     return result

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -165,6 +166,88 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_router_train(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from router.dataset import ExamplesError, read_examples
+    from router.training import fit
+
+    try:
+        examples = read_examples(args.examples)
+        spec = fit(
+            examples, bits=args.bits, margin=args.margin, quality_target=args.quality_target,
+            meta={"examples_file": str(args.examples)},
+        )  # fmt: skip
+    except (ExamplesError, ValueError, OSError) as exc:
+        raise SystemExit(f"gearshift router train: {exc}") from None
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(spec, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, args.out)
+    t = spec["training"]
+    print(
+        f"trained on {t['examples']} examples ({t['positives']} need the full tier); "
+        f"cross-validated AUC {max(t['cv_auc'].values()):.3f} at l2={t['l2']}; "
+        f"threshold {spec['threshold']:.3f}; wrote {args.out}"
+    )
+    return 0
+
+
+def cmd_router_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from router.classifier import Classifier
+    from router.dataset import ExamplesError, read_examples
+    from router.report import best_baseline, compare
+
+    try:
+        examples = read_examples(args.examples)
+        model = Classifier.load(args.model)
+        report = compare(model, examples, margin=args.margin)
+    except (ExamplesError, ValueError, OSError) as exc:
+        raise SystemExit(f"gearshift router eval: {exc}") from None
+    print(f"{'router':18} {'AUC':>6} {'APGR':>6} {'CPT50':>6} {'CPT80':>6}")
+    for name in ("classifier", "always_full", "always_fast", "random", "length_threshold", "rules"):
+        r = report[name]
+        print(f"{name:18} {r['auc']:6.3f} {r['apgr']:6.3f} {r['cpt50']:6.3f} {r['cpt80']:6.3f}")
+    at = report["at_threshold"]
+    print(
+        f"at threshold {at['threshold']:.3f}: {at['full_share']:.0%} of steps on full, "
+        f"{at['pgr']:.0%} of the full tier's quality gap recovered"
+    )
+    base, value = best_baseline(report)
+    print(json.dumps({"auc": report["classifier"]["auc"], "apgr": report["classifier"]["apgr"],
+                      "apgr_best_baseline": value, "best_baseline": base, "report": report}))  # fmt: skip
+    return 0
+
+
+def _router_parser(sub: Any) -> None:
+    from router.classifier import DEFAULT_MODEL
+
+    rt = sub.add_parser("router", help="train and evaluate the routing classifier")
+    rt_sub = rt.add_subparsers(dest="router_command", required=True)
+    train = rt_sub.add_parser(
+        "train", help="fit the classifier on labelled examples (JSON lines; docs/router.md)"
+    )
+    train.add_argument("examples", type=Path, help="JSONL: {id, group, body, full, fast}")
+    train.add_argument("--out", type=Path, default=DEFAULT_MODEL, help="model file to write")
+    train.add_argument("--bits", type=int, default=12, help="hashed n-gram buckets = 2**bits")
+    train.add_argument(
+        "--margin", type=float, default=0.25, help="label 1 when full - fast score > margin"
+    )
+    train.add_argument(
+        "--quality-target", type=float, default=0.9,
+        help="default threshold: recover this share of the full tier's quality gap",
+    )  # fmt: skip
+    train.set_defaults(func=cmd_router_train)
+    ev = rt_sub.add_parser("eval", help="AUC, APGR, CPT of a model and the baselines")
+    ev.add_argument("examples", type=Path)
+    ev.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ev.add_argument("--margin", type=float, default=0.25)
+    ev.set_defaults(func=cmd_router_eval)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gearshift", description=__doc__)
     parser.add_argument(
@@ -220,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     sbx = sub.add_parser("sandbox", help="run the tool sandbox service (as root)")
     sbx.add_argument("--config", type=Path)
     sbx.set_defaults(func=cmd_sandbox)
+
+    _router_parser(sub)
 
     keys = sub.add_parser("keys", help="API key helpers")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)

@@ -103,6 +103,12 @@ class RouterSettings(Section):
         description="re-run a routed fast-tier answer on the full tier when it fails validation "
         "(invalid tool call, missing forced tool call, cut by the token limit)",
     )
+    max_sessions: int = Field(
+        default=100_000, gt=0, description="sessions whose routing history is kept (LRU)"
+    )
+    session_ttl_s: float = Field(
+        default=3600.0, gt=0, description="a session's routing history expires after this idle time"
+    )
 
 
 class LimitsSettings(Section):

@@ -17,6 +17,7 @@ class RequestContext:
     tenant: str | None = None
     api_key: str | None = None
     session_id: str | None = None
+    route_key: str | None = None  # the session as routing knows it (id, or its opening)
     task_id: str | None = None
     group_id: str | None = None
     decision: Decision | None = None

@@ -107,6 +107,10 @@ class Metrics:
             ["tier", "replica"],
             registry=r,
         )
+        self.route_decision = Histogram(
+            "gearshift_route_decision_seconds", "Time the routing policy took to decide",
+            buckets=(2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2), registry=r,
+        )  # fmt: skip
         self.escalations = Counter(
             "gearshift_escalations",
             "Fast-tier answers re-run on the full tier before reaching the client",

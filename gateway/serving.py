@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -38,6 +39,7 @@ from gateway.protocol import (
 from gateway.recording.recorder import Recorder
 from gateway.recording.step import PendingStep
 from gateway.relay import StreamRelay, wait_disconnect
+from gateway.route_state import RouteSessions, load_signals, opening_key
 from gateway.scrape import Scraper
 from gateway.telemetry import build_tracer_provider, end_span, start_span
 from gateway.upstream import new_session
@@ -70,6 +72,9 @@ class Gateway:
         self.metrics = metrics or Metrics()
         self.auth = Authenticator(settings.auth)
         self.policy = build_policy(settings.router.policy, settings.router.params)
+        self.route_sessions = RouteSessions(
+            settings.router.max_sessions, settings.router.session_ttl_s
+        )
         self.pools = {
             tier: TierPool(
                 tier, ts.model, ts.replicas, settings.breaker, settings.health, fallback=ts.fallback
@@ -241,14 +246,21 @@ class Gateway:
         """Pick the tier; returns whether falling back to the other tier is allowed."""
         model = ctx.requested_model
         if model == "auto":
-            decision = self.policy.decide(RouteRequest(ctx.endpoint, body, ctx.session_id))
+            ctx.route_key = ctx.session_id or opening_key(body)
+            session = self.route_sessions.get(ctx.tenant or "default", ctx.route_key)
+            load = load_signals(self.pools, self.scraper)
+            started = time.perf_counter()
+            decision = self.policy.decide(
+                RouteRequest(ctx.endpoint, body, ctx.route_key, session, load)
+            )
+            self.metrics.route_decision.observe(time.perf_counter() - started)
             if decision.tier not in self.pools:  # one-tier deployments
-                decision = type(decision)(
-                    next(iter(self.pools)), decision.reason + "; only tier", decision.policy
-                )
+                only = next(iter(self.pools))
+                decision = replace(decision, tier=only, reason=decision.reason + "; only tier")
             ctx.decision, ctx.tier = decision, decision.tier
             self.metrics.routes.labels(decision.tier, decision.policy).inc()
             return True
+        ctx.route_key = ctx.session_id or opening_key(body)
         tier = self.models.get(model)
         if tier is None:
             known = ", ".join(["auto", *sorted(self.models)])
@@ -376,6 +388,11 @@ class Gateway:
     ) -> None:
         now = time.perf_counter()
         tier = str(ctx.tier) if ctx.tier is not None else "none"
+        if ctx.tier is not None and status != CLIENT_CLOSED:
+            self.route_sessions.update(
+                ctx.tenant or "default", ctx.route_key, ctx.tier,
+                escalated=ctx.escalated is not None, failed=status >= 500,
+            )  # fmt: skip
         m = self.metrics
         m.requests.labels(ctx.endpoint, tier, str(status)).inc()
         m.latency.labels(ctx.endpoint, tier, "true" if stream else "false").observe(now - ctx.t0)

@@ -20,17 +20,41 @@ class Tier(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class SessionState:
+    """What the gateway remembers of an agent session's earlier steps (``router.session``)."""
+
+    steps: int = 0
+    last_tier: Tier | None = None
+    fast_failures: int = 0  # fast-tier steps that were escalated or failed upstream
+    escalations: int = 0
+    last_failure_step: int | None = None  # ``steps`` when the last fast-tier failure happened
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSignals:
+    """The tiers' load as the gateway sees it: requests queued or running per replica
+    (vLLM's gauges plus the gateway's in-flight count) and the fast tier's recent
+    speculative-decoding acceptance rate (None until measured)."""
+
+    queue_per_replica: Mapping[Tier, float] = field(default_factory=dict)
+    acceptance_rate: Mapping[Tier, float | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class RouteRequest:
-    """What a policy may look at: the request body as the client sent it.
+    """What a policy may look at: the request body as the client sent it, the session's
+    history and the tiers' load.
 
     ``body`` is the decoded JSON of a chat or completions request; policies must
     treat it as read-only. ``session_id`` is the client's ``X-Session-Id`` (or
-    ``user``) when it gave one.
+    ``user``), or a hash of the session's first messages when it gave none.
     """
 
     endpoint: str  # "chat" | "completions"
     body: Mapping[str, Any]
     session_id: str | None = None
+    session: SessionState | None = None
+    load: LoadSignals | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,3 +71,5 @@ class Decision:
     policy: str
     propensity: float = 1.0
     features: Mapping[str, float] = field(default_factory=dict)
+    score: float | None = None  # a scoring policy's P(the step needs the full tier)
+    threshold: float | None = None  # the score at and above which it chose full

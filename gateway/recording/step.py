@@ -11,6 +11,7 @@ import orjson
 from gateway.context import RequestContext
 from gateway.recording import capture
 from gateway.recording.records import ChoiceCapture, StepRecord
+from router.types import Decision
 
 MAX_CHOICES = 128  # vLLM's own limit on n is lower; this only bounds the ids we mint
 
@@ -78,7 +79,7 @@ class PendingStep:
             policy=d.policy if d else "pinned",
             propensity=d.propensity if d else 1.0,
             route_reason=ctx.route_reason,
-            features=dict(d.features) if d else None,
+            features=route_features(d),
             fallback=ctx.fallback,
             escalated=ctx.escalated is not None,
             attempts=ctx.attempts,
@@ -89,3 +90,15 @@ class PendingStep:
             duration_ms=(now - ctx.t0) * 1000,
             error=ctx.error,
         )
+
+
+def route_features(d: Decision | None) -> dict[str, float] | None:
+    """The decision's features, with the policy's score and threshold when it had them."""
+    if d is None:
+        return None
+    out = dict(d.features)
+    if d.score is not None:
+        out["route_score"] = d.score
+    if d.threshold is not None:
+        out["route_threshold"] = d.threshold
+    return out

@@ -1,0 +1,172 @@
+"""Router quality: the trained classifier against the baselines, on real outcomes of both tiers.
+
+    python -m bench.router_eval [--outcomes bench/data/router_outcomes.jsonl]
+                                [--write-model router/assets/classifier.json]
+                                [--write-examples FILE] [--plot docs/img/router_eval.png]
+
+1. Builds the labelled set: the checkable tasks of ``bench.router_tasks`` (BFCL, HumanEval,
+   reasoning-gym at three difficulties) joined with the checked answers of both embedded
+   tiers from ``bench.router_outcomes`` (collect them first; about 40 minutes on two
+   cores). Label: 1 when the full tier scored more than 0.25 above the fast tier.
+2. Splits it (70/30, stratified by source and category, seed 0), trains the classifier on
+   the 70% (``router.training``) and reports on the held-out 30%, for the classifier and
+   every baseline (always full, always fast, random, length threshold, rules): AUC against
+   the held-out labels, and APGR and CPT(50%)/CPT(80%) as RouteLLM defines them over the
+   real outcomes. The same figures averaged over five more splits show how much of the
+   difference is the split.
+3. Reports the classifier's fast-tier share on MT-Bench's categories (no checker exists
+   for those answers, so they are not in the figures above).
+
+``--write-model`` saves the model trained on the seed-0 training split (the one whose
+held-out figures are printed): that is the file the repo ships. Last line: one JSON object
+with ``auc``, ``apgr``, ``apgr_best_baseline``, ``cpt50``, ``cpt80``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from bench.router_outcomes import DEFAULT_OUT, load
+from bench.router_tasks import Task, all_tasks
+from router.classifier import Classifier
+from router.dataset import write_examples
+from router.evaluation import routing_curve
+from router.report import BASELINES, best_baseline, compare
+from router.training import Example, fit, split
+
+REPEATS = 5
+
+
+def _group(task: Task) -> str:
+    return f"{task.source}/{task.category}"
+
+
+def examples_from(tasks: list[Task], outcomes: dict[str, dict[str, Any]]) -> list[Example]:
+    missing = [t.id for t in tasks if t.check is not None and t.key not in outcomes]
+    if missing:
+        raise SystemExit(
+            f"{len(missing)} tasks have no cached outcome (first: {missing[0]}); run "
+            "`python -m bench.router_outcomes` to collect them (it resumes where it stopped)"
+        )
+    return [
+        Example(t.id, t.body, outcomes[t.key]["full"]["score"], outcomes[t.key]["fast"]["score"], _group(t))
+        for t in tasks
+        if t.check is not None
+    ]  # fmt: skip
+
+
+def plot(path: Path, model: Classifier, test: list[Example], report: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    strong = [e.full for e in test]
+    weak = [e.fast for e in test]
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    routers = {"classifier": [model.predict(e.body).probability for e in test]}
+    routers.update({k: [f(e) for e in test] for k, f in BASELINES.items() if k != "always_fast"})
+    for name, scores in routers.items():
+        curve = routing_curve(scores, strong, weak)
+        label = f"{name} (APGR {report[name]['apgr']:.2f})"
+        style = "-" if name == "classifier" else "--"
+        ax.plot(
+            curve.cost, curve.pgr, style, label=label, linewidth=2 if name == "classifier" else 1
+        )
+    ax.plot([0, 1], [0, 1], ":", color="grey", label="random (APGR 0.50)")
+    ax.set_xlabel("share of steps sent to the full tier")
+    ax.set_ylabel("performance gap recovered (PGR)")
+    ax.set_title(f"Router on {len(test)} held-out tasks (real outcomes of both tiers)")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--outcomes", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--write-model", type=Path, help="save the seed-0 model here")
+    parser.add_argument("--write-examples", type=Path, help="save the labelled set (JSONL)")
+    parser.add_argument("--plot", type=Path, help="PGR curves of every router (PNG)")
+    args = parser.parse_args()
+
+    tasks = all_tasks()
+    examples = examples_from(tasks, load(args.outcomes))
+    if args.write_examples:
+        write_examples(args.write_examples, examples)
+    groups = Counter(e.group for e in examples)
+    print(f"{len(examples)} checkable tasks in {len(groups)} groups", file=sys.stderr)
+
+    runs = []
+    for seed in range(REPEATS + 1):
+        train, test = split(examples, 0.3, seed)
+        spec = fit(train, seed=seed, meta={"split_seed": seed, "outcomes": str(args.outcomes)})
+        model = Classifier(spec)
+        report = compare(model, test)
+        runs.append(report)
+        if seed == 0:
+            first_model, first_test, first_spec = model, test, spec
+    report = runs[0]
+    repeated = {
+        name: {
+            key: round(statistics.fmean(r[name][key] for r in runs[1:]), 4)
+            for key in ("auc", "apgr")
+        }
+        for name in ("classifier", *BASELINES, "random")
+    }
+
+    print(f"\nheld-out split (seed 0): {report['tiers']}", file=sys.stderr)
+    print(f"{'router':18} {'AUC':>6} {'APGR':>6} {'CPT50':>6} {'CPT80':>6}   mean of {REPEATS} more splits: AUC  APGR", file=sys.stderr)  # fmt: skip
+    for name in ("classifier", *BASELINES, "random"):
+        r, m = report[name], repeated[name]
+        print(f"{name:18} {r['auc']:6.3f} {r['apgr']:6.3f} {r['cpt50']:6.3f} {r['cpt80']:6.3f}"
+              f"   {m['auc']:>30.3f} {m['apgr']:.3f}", file=sys.stderr)  # fmt: skip
+    at = report["at_threshold"]
+    print(f"at the shipped threshold {at['threshold']:.3f}: {at['full_share']:.0%} of steps on "
+          f"full, PGR {at['pgr']:.2f}", file=sys.stderr)  # fmt: skip
+
+    mix: dict[str, list[float]] = defaultdict(list)
+    for t in tasks:
+        if t.source == "mtbench":
+            p = first_model.predict(t.body).probability
+            mix[t.category].append(float(p < first_model.threshold))
+    mtbench = {k: round(statistics.fmean(v), 2) for k, v in sorted(mix.items())}
+    print(f"MT-Bench fast-tier share by category: {mtbench}", file=sys.stderr)
+
+    if args.write_model:
+        args.write_model.parent.mkdir(parents=True, exist_ok=True)
+        args.write_model.write_text(json.dumps(first_spec, indent=1, sort_keys=True) + "\n")
+    if args.plot:
+        plot(args.plot, first_model, first_test, report)
+
+    base, base_apgr = best_baseline(report)
+    summary = {
+        "auc": report["classifier"]["auc"],
+        "apgr": report["classifier"]["apgr"],
+        "apgr_best_baseline": base_apgr,
+        "best_baseline": base,
+        "cpt50": report["classifier"]["cpt50"],
+        "cpt80": report["classifier"]["cpt80"],
+        "auc_mean_splits": repeated["classifier"]["auc"],
+        "apgr_mean_splits": repeated["classifier"]["apgr"],
+        "apgr_best_baseline_mean_splits": max(repeated[k]["apgr"] for k in (*BASELINES, "random")),
+        "held_out": report["tiers"],
+        "at_threshold": at,
+        "mtbench_fast_share": mtbench,
+        "baselines": {k: report[k] for k in (*BASELINES, "random")},
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

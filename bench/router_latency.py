@@ -1,0 +1,107 @@
+"""Routing decision time on one core, for sessions of 1 to 100 messages and up to 32k tokens.
+
+    python -m bench.router_latency [--repeats 300] [--policy session]
+
+Each shape is an agent session (a system prompt, user turns, assistant tool calls and tool
+results, text spread evenly) of N messages and about T prompt tokens (4 characters a
+token). For each shape the decision is timed ``repeats`` times, on one core (the process
+is pinned to CPU 0), after a warm-up: the configured policy (default ``session`` over the
+shipped ``classifier``, what a deployment would run) plus the session key the gateway
+derives from the opening messages. The length-threshold baseline is timed the same way as
+the reference. Last line: one JSON object with ``p99_ms`` (the worst shape's p99),
+``p50_ms`` and the ratio to the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from typing import Any
+
+from gateway.route_state import opening_key
+from router import RouteRequest, build_policy
+from router.types import SessionState, Tier
+
+MESSAGES = (1, 10, 30, 100)
+TOKENS = (100, 2_000, 8_000, 32_000)
+FILLER = "the agent reads the file and checks 42 values against the schema before it answers; "
+
+
+def session(messages: int, tokens: int) -> dict[str, Any]:
+    chars = tokens * 4
+    per = max(1, chars // messages)
+    text = (FILLER * (per // len(FILLER) + 1))[:per]
+    body: list[dict[str, Any]] = [{"role": "system", "content": text}] if messages > 1 else []
+    i = 0
+    while len(body) < messages:
+        phase = i % 3
+        if phase == 0:
+            body.append({"role": "user", "content": text})
+        elif phase == 1:
+            call = {"id": f"c{i}", "type": "function",
+                    "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}  # fmt: skip
+            body.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        else:
+            body.append({"role": "tool", "tool_call_id": f"c{i - 1}", "content": text})
+        i += 1
+    if body[-1]["role"] == "assistant":
+        body[-1] = {"role": "user", "content": text}
+    tool = {"type": "function", "function": {"name": "read_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}}}}  # fmt: skip
+    return {"model": "auto", "messages": body, "tools": [tool], "max_tokens": 512}
+
+
+def time_policy(policy: Any, body: dict[str, Any], repeats: int) -> list[float]:
+    state = SessionState(steps=3, last_tier=Tier.FULL)
+    for _ in range(20):  # warm-up
+        policy.decide(RouteRequest("chat", body, opening_key(body), state))
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter_ns()
+        policy.decide(RouteRequest("chat", body, opening_key(body), state))
+        times.append((time.perf_counter_ns() - started) / 1e6)
+    return times
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeats", type=int, default=300)
+    parser.add_argument("--policy", default="session", help="policy to time (default: session)")
+    args = parser.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    params = {"base": "classifier"} if args.policy == "session" else {}
+    policy = build_policy(args.policy, params)
+    baseline = build_policy("length_threshold")
+    rows = []
+    for n in MESSAGES:
+        for tokens in TOKENS:
+            body = session(n, tokens)
+            t = time_policy(policy, body, args.repeats)
+            b = time_policy(baseline, body, args.repeats)
+            row = {"messages": n, "tokens": tokens, "p50_ms": round(statistics.median(t), 4),
+                   "p99_ms": round(pct(t, 0.99), 4), "baseline_p99_ms": round(pct(b, 0.99), 4)}  # fmt: skip
+            rows.append(row)
+            print(f"{n:4d} messages {tokens:6d} tokens: p50 {row['p50_ms']:.3f} ms  "
+                  f"p99 {row['p99_ms']:.3f} ms  (length threshold p99 {row['baseline_p99_ms']:.3f})", flush=True)  # fmt: skip
+    worst = max(r["p99_ms"] for r in rows)
+    worst_base = max(r["baseline_p99_ms"] for r in rows)
+    print(json.dumps({
+        "p99_ms": worst, "p50_ms": round(statistics.median(r["p50_ms"] for r in rows), 4),
+        "baseline_p99_ms": worst_base, "ratio_p99_vs_length_threshold": round(worst / worst_base, 2),
+        "policy": args.policy, "shapes": rows,
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

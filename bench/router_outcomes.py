@@ -1,0 +1,112 @@
+"""Real outcomes of both tiers on the checkable router tasks, cached as JSON lines.
+
+    python -m bench.router_outcomes [--url URL] [--out bench/data/router_outcomes.jsonl]
+
+Sends every task of ``bench.router_tasks`` that has a checker to the full and to the fast
+tier (pinned by model name, greedy decoding), scores both answers and appends one line per
+task: ``{"key", "id", "full": {"score", "tokens", "seconds"}, "fast": {...}}``. Tasks already
+in the file (same key: id + hash of the request) are skipped, so an interrupted run resumes.
+Without ``--url`` it starts the embedded stack (``gearshift serve``, store and sandbox off).
+The first line of the file names the models that produced it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.router_tasks import Task, all_tasks
+
+DEFAULT_OUT = Path(__file__).parent / "data" / "router_outcomes.jsonl"
+TIERS = ("full", "fast")
+
+
+async def answer(session: aiohttp.ClientSession, url: str, tier: str, task: Task) -> dict[str, Any]:
+    body = {**task.body, "model": tier, "temperature": 0, "seed": 0}
+    started = time.perf_counter()
+    async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+        data = await resp.json()
+        if resp.status != 200:
+            raise RuntimeError(f"{task.id} on {tier}: HTTP {resp.status} {data}")
+    seconds = time.perf_counter() - started
+    message = data["choices"][0]["message"]
+    assert task.check is not None
+    score = task.check(message)
+    if inspect.isawaitable(score):
+        score = await score
+    return {
+        "score": round(float(score), 4),
+        "tokens": data["usage"]["completion_tokens"],
+        "seconds": round(seconds, 3),
+    }
+
+
+async def collect(url: str, out: Path, tasks: list[Task], concurrency: int) -> int:
+    done = load(out)
+    todo = [t for t in tasks if t.check is not None and t.key not in done]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    timeout = aiohttp.ClientTimeout(total=900)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        if not out.exists() or out.stat().st_size == 0:
+            async with session.get(f"{url}/v1/models") as resp:
+                models = [m["id"] for m in (await resp.json())["data"]]
+            out.write_text(json.dumps({"models": models, "created": time.time()}) + "\n")
+        gate = asyncio.Semaphore(concurrency)
+        lock = asyncio.Lock()
+        finished = 0
+
+        async def one(task: Task) -> None:
+            nonlocal finished
+            async with gate:
+                full, fast = await asyncio.gather(
+                    answer(session, url, "full", task), answer(session, url, "fast", task)
+                )
+            async with lock:
+                with out.open("a") as f:
+                    f.write(json.dumps({"key": task.key, "id": task.id, "full": full, "fast": fast}) + "\n")  # fmt: skip
+                finished += 1
+                if finished % 10 == 0 or finished == len(todo):
+                    print(f"  outcomes: {finished}/{len(todo)}", file=sys.stderr, flush=True)
+
+        await asyncio.gather(*(one(t) for t in todo))
+    return len(todo)
+
+
+def load(path: Path) -> dict[str, dict[str, Any]]:
+    """Outcomes by task key (the header line is skipped)."""
+    if not path.exists():
+        return {}
+    rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return {r["key"]: r for r in rows if "key" in r}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--url", help="a running gateway (default: start the embedded stack)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--scale", type=float, default=1.0, help="task count multiplier")
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args()
+    tasks = all_tasks(args.scale)
+    if args.url:
+        n = asyncio.run(collect(args.url.rstrip("/"), args.out, tasks, args.concurrency))
+    else:
+        from bench.tiers import embedded_stack
+
+        with embedded_stack() as url:
+            n = asyncio.run(collect(url, args.out, tasks, args.concurrency))
+    print(json.dumps({"collected": n, "total": len(load(args.out)), "out": str(args.out)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""A target share of fast-tier steps: the classifier's threshold follows recent traffic.
+
+    router: {policy: budget, params: {fast_share: 0.7, window: 1000, model: ..., explore: 0}}
+
+The policy keeps the classifier scores of the last ``window`` routed steps and sets the
+threshold to their ``fast_share`` quantile, so that about that share of steps goes to the
+fast tier whatever the traffic mix, and the steps sent to full are still the ones the
+classifier ranks as hardest. Until ``min_samples`` scores are in, the model's own threshold
+applies. Decisions depend on the order of earlier requests (deterministic for a sequence).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.policies.classifier import ClassifierPolicy, build_classifier, probability
+from router.policy import Policy, PolicyError, register
+from router.types import Decision, RouteRequest
+
+
+@dataclass(slots=True)
+class Budget:
+    scorer: ClassifierPolicy
+    fast_share: float
+    window: int = 1000
+    min_samples: int = 50
+    name: str = "budget"
+    _recent: deque[float] = field(default_factory=deque)
+    _sorted: list[float] = field(default_factory=list)
+
+    def threshold(self) -> float:
+        if len(self._sorted) < self.min_samples:
+            return self.scorer.threshold
+        k = min(len(self._sorted) - 1, int(self.fast_share * len(self._sorted)))
+        return self._sorted[k]
+
+    def observe(self, score: float) -> None:
+        self._recent.append(score)
+        bisect.insort(self._sorted, score)
+        if len(self._recent) > self.window:
+            old = self._recent.popleft()
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+
+    def decide(self, request: RouteRequest) -> Decision:
+        prediction = self.scorer.score(request)
+        threshold = self.threshold()
+        self.observe(prediction.probability)
+        note = f" (fast share target {self.fast_share:.0%} over {len(self._recent)} steps)"
+        return self.scorer.decide_with(request, prediction, threshold, self.name, note)
+
+
+@register("budget")
+def _build(params: Mapping[str, Any]) -> Policy:
+    p = dict(params)
+    share = probability(p, "fast_share", 0.7, "budget")
+    window, min_samples = p.pop("window", 1000), p.pop("min_samples", 50)
+    for key, value in (("window", window), ("min_samples", min_samples)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PolicyError(f"budget: {key} must be a positive integer, got {value!r}")
+    if min_samples > window:
+        raise PolicyError("budget: min_samples cannot exceed window")
+    scorer = build_classifier(p, "budget")
+    return Budget(scorer, share, window, min_samples)

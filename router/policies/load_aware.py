@@ -1,0 +1,67 @@
+"""The classifier's threshold shifted by the tiers' load and the fast tier's acceptance rate.
+
+    router: {policy: load_aware, params: {shift: 0.2, queue_scale: 4,
+                                          min_acceptance: 0.3, model: ..., threshold: ...}}
+
+When the full tier's replicas have more requests queued or running than the fast tier's,
+borderline steps move to the fast tier: the threshold rises by up to ``shift`` as the
+difference per replica approaches ``queue_scale``, and falls the same way when the fast
+tier is the busier one. When the fast tier's speculative decoding accepts fewer than
+``min_acceptance`` of its drafts, its speed advantage is gone and the threshold falls by
+``shift``. Load comes from the gateway (``RouteRequest.load``); without it, this is the
+plain classifier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from router.policies.classifier import ClassifierPolicy, build_classifier, probability
+from router.policy import Policy, PolicyError, register
+from router.types import Decision, LoadSignals, RouteRequest, Tier
+
+
+@dataclass(frozen=True, slots=True)
+class LoadAware:
+    scorer: ClassifierPolicy
+    shift: float = 0.2
+    queue_scale: float = 4.0
+    min_acceptance: float = 0.3
+    name: str = "load_aware"
+
+    def adjust(self, load: LoadSignals | None) -> tuple[float, str]:
+        threshold = self.scorer.threshold
+        if load is None:
+            return threshold, ""
+        notes = []
+        full = load.queue_per_replica.get(Tier.FULL, 0.0)
+        fast = load.queue_per_replica.get(Tier.FAST, 0.0)
+        pressure = max(-1.0, min(1.0, (full - fast) / self.queue_scale))
+        if pressure:
+            threshold += self.shift * pressure
+            notes.append(f"queues full {full:.1f} / fast {fast:.1f} per replica")
+        rate = load.acceptance_rate.get(Tier.FAST)
+        if rate is not None and rate < self.min_acceptance:
+            threshold -= self.shift
+            notes.append(f"fast-tier acceptance {rate:.2f} < {self.min_acceptance:.2f}")
+        threshold = max(0.0, min(1.0, threshold))
+        return threshold, (f" (adjusted: {'; '.join(notes)})" if notes else "")
+
+    def decide(self, request: RouteRequest) -> Decision:
+        threshold, note = self.adjust(request.load)
+        prediction = self.scorer.score(request)
+        return self.scorer.decide_with(request, prediction, threshold, self.name, note)
+
+
+@register("load_aware")
+def _build(params: Mapping[str, Any]) -> Policy:
+    p = dict(params)
+    shift = probability(p, "shift", 0.2, "load_aware")
+    min_acceptance = probability(p, "min_acceptance", 0.3, "load_aware")
+    scale = p.pop("queue_scale", 4.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale <= 0:
+        raise PolicyError(f"load_aware: queue_scale must be a positive number, got {scale!r}")
+    scorer = build_classifier(p, "load_aware")
+    return LoadAware(scorer, shift, float(scale), min_acceptance)

@@ -1,0 +1,115 @@
+"""The trained classifier: training, prediction, the shipped model, bad model files."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from router.classifier import DEFAULT_MODEL, DENSE, Classifier, ngrams
+from router.dataset import ExamplesError, read_examples, write_examples
+from router.evaluation import auc
+from router.training import fit, split
+from router.types import SessionState
+from tests.router.conftest import synthetic
+
+HARD = {"messages": [{"role": "user", "content": "Compute 48213 * 99121 and then add 417."}]}
+EASY = {"messages": [{"role": "user", "content": "tell me about the river please"}]}
+
+
+def test_learns_a_separable_signal_and_generalizes(model_file: Path):
+    model = Classifier.load(model_file)
+    held_out = synthetic(80, seed=1)
+    scores = [model.predict(e.body).probability for e in held_out]
+    assert auc(scores, [e.label() for e in held_out]) > 0.85
+    assert model.predict(HARD).probability > model.threshold > model.predict(EASY).probability
+
+
+def test_training_is_deterministic():
+    a = fit(synthetic(60), l2_grid=(0.1, 0.01), folds=3)
+    b = fit(synthetic(60), l2_grid=(0.1, 0.01), folds=3)
+    assert a == b
+
+
+def test_prediction_is_deterministic_and_explained(model_file: Path):
+    model = Classifier.load(model_file)
+    first, second = model.predict(HARD), model.predict(HARD)
+    assert first == second
+    assert len(first.top) == 3 and all(isinstance(v, float) for _, v in first.top)
+    assert set(DENSE) <= set(first.features) and "prompt_tokens" in first.features
+
+
+def test_session_history_is_a_feature(model_file: Path):
+    model = Classifier.load(model_file)
+    plain = model.predict(EASY).features
+    failed = model.predict(EASY, SessionState(steps=3, fast_failures=2, escalations=1)).features
+    assert plain["session_fast_failures"] == 0 and failed["session_fast_failures"] == 2
+
+
+def test_numbers_become_shapes():
+    grams = ngrams({"messages": [{"role": "user", "content": "Add 12 and 345678, (now)!"}]})
+    assert "00" in grams and "000000" in grams and "add 00" in grams and "now" in grams
+    assert not any(set(g) & set("123456789,()!") for g in grams)
+
+
+def test_huge_inputs_stay_cheap(model_file: Path):
+    model = Classifier.load(model_file)
+    huge = {"messages": [{"role": "user", "content": "1 + 1 = " * 40_000}]}  # 320 KB
+    model.predict(huge)  # warm
+    started = time.perf_counter()
+    model.predict(huge)
+    # generous: the point is "not proportional to the input" (0.3 ms here); speed: bench
+    assert time.perf_counter() - started < 0.05
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{", "not valid JSON"),
+        ('{"format": "other"}', "not a Gearshift router model"),
+    ],
+)
+def test_bad_model_files_are_named(tmp_path: Path, content: str, message: str):
+    path = tmp_path / "m.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        Classifier.load(path)
+    with pytest.raises(ValueError, match="does not exist"):
+        Classifier.load(tmp_path / "missing.json")
+
+
+def test_the_shipped_model_loads_and_routes():
+    model = Classifier.load(DEFAULT_MODEL)
+    spec = json.loads(DEFAULT_MODEL.read_text())
+    assert spec["training"]["examples"] > 100
+    assert 0.0 < model.threshold < 1.0
+    code = {"messages": [{"role": "user", "content": "Complete this Python function.\n```python\ndef f(x):\n```"}]}  # fmt: skip
+    assert model.predict(code).probability > model.predict(EASY).probability
+
+
+def test_split_is_stratified_and_deterministic():
+    examples = synthetic(100)
+    train, test = split(examples, 0.3, seed=4)
+    assert len(test) == 30 and {e.group for e in test} == {"hard", "easy"}
+    assert [e.id for e in split(examples, 0.3, seed=4)[1]] == [e.id for e in test]
+    assert not {e.id for e in train} & {e.id for e in test}
+
+
+def test_too_few_positives_is_a_clear_error():
+    examples = [e for e in synthetic(40) if not e.label()][:20]
+    with pytest.raises(ValueError, match="too few examples"):
+        fit(examples)
+
+
+def test_examples_round_trip_and_errors(tmp_path: Path):
+    path = tmp_path / "ex.jsonl"
+    write_examples(path, synthetic(4))
+    assert [e.id for e in read_examples(path)] == ["ex0", "ex1", "ex2", "ex3"]
+    path.write_text('{"body": {}, "full": 1, "fast": 2}\n')
+    with pytest.raises(ExamplesError, match=r"ex.jsonl:1: 'fast' must be a score"):
+        read_examples(path)
+    path.write_text("\n[1]\n")
+    with pytest.raises(ExamplesError, match=r":2: want an object"):
+        read_examples(path)

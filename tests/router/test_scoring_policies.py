@@ -1,0 +1,149 @@
+"""classifier, budget, load_aware and session policies: each on its own, deterministic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from router import PolicyError, RouteRequest, Tier, build_policy
+from router.types import LoadSignals, SessionState
+
+HARD = {"messages": [{"role": "user", "content": "Compute 48213 * 99121 and then add 417."}]}
+EASY = {"messages": [{"role": "user", "content": "tell me about the river please"}]}
+
+
+def req(body: dict, **kw: object) -> RouteRequest:
+    return RouteRequest("chat", body, **kw)  # type: ignore[arg-type]
+
+
+def test_classifier_policy_routes_and_explains(model_file: Path):
+    policy = build_policy("classifier", {"model": str(model_file)})
+    hard, easy = policy.decide(req(HARD)), policy.decide(req(EASY))
+    assert hard.tier is Tier.FULL and easy.tier is Tier.FAST
+    assert hard.score is not None and hard.threshold is not None and hard.score >= hard.threshold
+    assert hard.reason.startswith("classifier: p(full)=") and "top: " in hard.reason
+    assert hard.propensity == 1.0 and "log_numbers" in hard.features
+    assert policy.decide(req(HARD)) == hard  # deterministic
+
+
+def test_threshold_is_tunable(model_file: Path):
+    everything = build_policy("classifier", {"model": str(model_file), "threshold": 0.0})
+    nothing = build_policy("classifier", {"model": str(model_file), "threshold": 1.0})
+    assert everything.decide(req(EASY)).tier is Tier.FULL
+    assert nothing.decide(req(HARD)).tier is Tier.FAST
+
+
+def test_exploration_is_deterministic_and_sets_propensity(model_file: Path):
+    policy = build_policy("classifier", {"model": str(model_file), "explore": 0.5})
+    tiers = []
+    for i in range(40):
+        d = policy.decide(req(EASY, session_id=f"s{i}"))
+        assert d.propensity == 0.5
+        assert d == policy.decide(req(EASY, session_id=f"s{i}"))
+        tiers.append(d.tier)
+    assert 5 < tiers.count(Tier.FULL) < 35  # about half explored
+    plain = build_policy("classifier", {"model": str(model_file), "explore": 0.1})
+    d = plain.decide(req(EASY, session_id="x"))
+    assert d.propensity in (0.9, 0.1)
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "message"),
+    [
+        ("classifier", {"threshold": 2}, "threshold must be a number between 0 and 1"),
+        ("classifier", {"explore": 0.7}, "explore above 0.5"),
+        ("classifier", {"model": "/nonexistent.json"}, "cannot load the router model"),
+        ("classifier", {"colour": 1}, "unknown parameters"),
+        ("budget", {"fast_share": -1}, "fast_share must be"),
+        ("budget", {"window": 0}, "window must be a positive integer"),
+        ("budget", {"window": 10, "min_samples": 20}, "min_samples cannot exceed window"),
+        ("load_aware", {"queue_scale": 0}, "queue_scale must be a positive number"),
+        ("session", {"base": "session"}, "base cannot be 'session'"),
+        ("session", {"base": "always_fast", "cooldown_steps": -1}, "cooldown_steps"),
+        ("session", {"base": "always_fast", "sticky": "yes"}, "sticky must be true or false"),
+    ],
+)
+def test_bad_parameters_are_named(model_file: Path, name: str, params: dict, message: str):
+    if name != "session" and "model" not in params:
+        params = {**params, "model": str(model_file)}
+    with pytest.raises(PolicyError, match=message):
+        build_policy(name, params)
+
+
+def test_budget_holds_the_fast_share(model_file: Path):
+    policy = build_policy(
+        "budget", {"model": str(model_file), "fast_share": 0.75, "window": 200, "min_samples": 20}
+    )
+    bodies = [HARD if i % 2 else EASY for i in range(400)]  # half of the traffic is hard
+    tiers = [policy.decide(req(b)).tier for b in bodies]
+    late = tiers[200:]
+    share = late.count(Tier.FAST) / len(late)
+    assert 0.45 <= share <= 0.8, share  # the hard half only partly sent to fast, by score
+    # a fast share of 0.25 sends hard and some easy steps to full
+    strict = build_policy(
+        "budget", {"model": str(model_file), "fast_share": 0.25, "window": 200, "min_samples": 20}
+    )
+    tiers = [strict.decide(req(b)).tier for b in bodies][200:]
+    assert tiers.count(Tier.FAST) / len(tiers) <= 0.5
+    d = strict.decide(req(HARD))
+    assert "fast share target 25%" in d.reason
+
+
+def test_load_aware_moves_borderline_steps(model_file: Path):
+    policy = build_policy("load_aware", {"model": str(model_file), "shift": 0.3})
+    base = build_policy("classifier", {"model": str(model_file)})
+    threshold = base.decide(req(EASY)).threshold
+    busy_full = LoadSignals({Tier.FULL: 9.0, Tier.FAST: 1.0}, {})
+    busy_fast = LoadSignals({Tier.FULL: 0.0, Tier.FAST: 8.0}, {})
+    low_acceptance = LoadSignals({}, {Tier.FAST: 0.1})
+    assert policy.decide(req(EASY)).threshold == threshold  # no load information
+    up = policy.decide(req(EASY, load=busy_full))
+    assert up.threshold == pytest.approx(min(1.0, threshold + 0.3))
+    assert "queues full 9.0 / fast 1.0" in up.reason
+    down = policy.decide(req(EASY, load=busy_fast))
+    assert down.threshold == pytest.approx(max(0.0, threshold - 0.3))
+    slow = policy.decide(req(EASY, load=low_acceptance))
+    assert "acceptance 0.10" in slow.reason and slow.threshold < threshold + 1e-9
+
+
+TOOL_LOOP = {
+    "messages": [
+        {"role": "user", "content": "tell me about the river please"},
+        {"role": "assistant", "tool_calls": [{"id": "1", "type": "function",
+                                              "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "1", "content": "ok"},
+    ]
+}  # fmt: skip
+
+
+def test_session_escalates_after_a_fast_failure():
+    policy = build_policy("session", {"base": "always_fast", "cooldown_steps": 2})
+    failed = SessionState(steps=4, last_tier=Tier.FULL, fast_failures=1, last_failure_step=3)
+    d = policy.decide(req(EASY, session=failed))
+    assert d.tier is Tier.FULL and "failed 2 step(s) ago" in d.reason
+    assert d.policy == "session/always_fast"
+    later = SessionState(steps=5, last_tier=Tier.FULL, fast_failures=1, last_failure_step=3)
+    assert policy.decide(req(EASY, session=later)).tier is Tier.FAST  # cooldown over
+
+
+def test_session_keeps_a_tool_loop_on_full():
+    policy = build_policy("session", {"base": "always_fast"})
+    on_full = SessionState(steps=1, last_tier=Tier.FULL)
+    d = policy.decide(req(TOOL_LOOP, session=on_full))
+    assert d.tier is Tier.FULL and "tool loop stays" in d.reason
+    # a new user turn lets the base decide; a fast loop may move up to full
+    assert policy.decide(req(EASY, session=on_full)).tier is Tier.FAST
+    up = build_policy("session", {"base": "always_full"})
+    on_fast = SessionState(steps=1, last_tier=Tier.FAST)
+    assert up.decide(req(TOOL_LOOP, session=on_fast)).tier is Tier.FULL
+    off = build_policy("session", {"base": "always_fast", "sticky": False})
+    assert off.decide(req(TOOL_LOOP, session=on_full)).tier is Tier.FAST
+
+
+def test_session_without_history_is_the_base(model_file: Path):
+    policy = build_policy(
+        "session", {"base": "classifier", "base_params": {"model": str(model_file)}}
+    )
+    d = policy.decide(req(HARD))
+    assert d.tier is Tier.FULL and d.score is not None and d.policy == "session/classifier"
