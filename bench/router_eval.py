@@ -38,7 +38,7 @@ from router.classifier import Classifier
 from router.dataset import write_examples
 from router.evaluation import routing_curve
 from router.report import BASELINES, best_baseline, compare
-from router.training import Example, fit, split
+from router.training import DEFAULT_MARGIN, Example, fit, split
 
 REPEATS = 5
 
@@ -98,6 +98,10 @@ def main() -> None:
     parser.add_argument("--write-model", type=Path, help="save the seed-0 model here")
     parser.add_argument("--write-examples", type=Path, help="save the labelled set (JSONL)")
     parser.add_argument("--plot", type=Path, help="PGR curves of every router (PNG)")
+    parser.add_argument(
+        "--margin", type=float, default=DEFAULT_MARGIN,
+        help="label 1 when the full score exceeds the fast score by more than this",
+    )  # fmt: skip
     args = parser.parse_args()
 
     tasks = all_tasks()
@@ -110,9 +114,10 @@ def main() -> None:
     runs = []
     for seed in range(REPEATS + 1):
         train, test = split(examples, 0.3, seed)
-        spec = fit(train, seed=seed, meta={"split_seed": seed, "outcomes": str(args.outcomes)})
+        meta = {"split_seed": seed, "outcomes": str(args.outcomes)}
+        spec = fit(train, seed=seed, margin=args.margin, meta=meta)
         model = Classifier(spec)
-        report = compare(model, test)
+        report = compare(model, test, margin=args.margin)
         runs.append(report)
         if seed == 0:
             first_model, first_test, first_spec = model, test, spec

@@ -144,7 +144,7 @@ def _bfcl_checker(truth: list[dict[str, Any]]) -> Callable[[dict[str, Any]], flo
     return check
 
 
-BFCL = {"simple_python": ("required", 60), "multiple": ("required", 60),
+BFCL = {"simple_python": ("required", 120), "multiple": ("required", 120),
         "parallel": ("required", 30), "irrelevance": ("auto", 30)}  # fmt: skip
 
 
@@ -327,12 +327,26 @@ def mtbench_tasks() -> Iterator[Task]:
         yield Task(f"mtbench/{row['question_id']}", "mtbench", row["category"], None, body)
 
 
+def trivia_tasks() -> Iterator[Task]:
+    """Short exact-answer questions (bench.tiers): the chat traffic that is not a benchmark."""
+    from bench.tiers import QUESTIONS
+
+    for i, (question, answer) in enumerate(QUESTIONS):
+        body = {"messages": [{"role": "user", "content": question}], "max_tokens": 64}
+        yield Task(f"trivia/{i}", "trivia", "exact_answer", None, body, _contains(answer))
+
+
+def _contains(answer: str) -> Callable[[dict[str, Any]], float]:
+    return lambda message: float(answer.lower() in (message.get("content") or "").lower())
+
+
 def all_tasks(scale: float = 1.0) -> list[Task]:
     """The checkable tasks (with a checker), then MT-Bench (without)."""
     n = lambda k: max(1, round(k * scale))  # noqa: E731
     return [
         *bfcl_tasks(scale),
-        *humaneval_tasks(n(80)),
-        *reasoning_gym_tasks(n(20)),
+        *humaneval_tasks(n(164)),
+        *reasoning_gym_tasks(n(40)),
+        *trivia_tasks(),
         *mtbench_tasks(),
     ]

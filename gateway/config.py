@@ -96,7 +96,10 @@ class AuthSettings(Section):
 
 
 class RouterSettings(Section):
-    policy: str = "length_threshold"
+    policy: str = Field(
+        default="session",
+        description="routing policy (docs/router.md); 'session' wraps 'classifier' by default",
+    )
     params: dict[str, Any] = Field(default_factory=dict)
     escalate: bool = Field(
         default=True,

@@ -3,9 +3,11 @@
 A logistic regression over two kinds of features, both computed from the request alone in
 well under a millisecond (``bench.router_latency``):
 
-* dense: the structural step features (``router.step_features``), a few counts that track
-  difficulty (numbers and long numbers in the user's text, its words), and the session's
-  history (fast-tier failures and escalations so far);
+* dense: the structural step features (``router.step_features``; not ``max_tokens``, which
+  in the evaluation set identifies the source and would be learned as such), a few counts
+  that track difficulty (numbers and long numbers in the user's text, its words, the offered
+  tools' parameters), and the session's history (fast-tier failures and escalations so far),
+  standardized and clipped to 3 standard deviations;
 * hashed text: lower-cased word unigrams and bigrams of the last user message (digits
   become 0, so a number's token is its shape, ``2024`` -> ``0000``; punctuation separates
   words), hashed with CRC-32 into ``2**hash_bits`` buckets; only ``TEXT_SCAN`` characters
@@ -35,6 +37,7 @@ from router.types import SessionState
 
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "classifier.json"
 FORMAT = "gearshift-router-logreg/1"
+CLIP = 3.0  # standard deviations
 TEXT_SCAN = 1024  # characters read at each end of the user's text for n-grams
 # one C pass: digits become 0 (a number's shape is its length: 2024 -> 0000), punctuation a space
 TOKENIZE = str.maketrans(
@@ -45,7 +48,7 @@ NUMBER = re.compile(r"\d+")
 DENSE = (
     "log_prompt_tokens", "log_messages", "user_turns", "log_tools_offered", "tool_loop_depth",
     "last_tool_error", "code", "math", "structured_output", "forced_tool", "tool_choice_auto",
-    "log_max_tokens", "reasoning_effort", "log_numbers", "log_long_numbers", "log_words",
+    "reasoning_effort", "log_numbers", "log_long_numbers", "log_words",
     "log_tool_params", "session_fast_failures", "session_escalations",
 )  # fmt: skip
 MAX_TOOLS = 64  # tools inspected for their parameter count
@@ -105,7 +108,6 @@ def dense_features(
         "structured_output": raw["structured_output"],
         "forced_tool": raw["forced_tool"],
         "tool_choice_auto": float(raw["tools_offered"] > 0 and choice in (None, "auto")),
-        "log_max_tokens": math.log1p(raw["max_tokens"]),
         "reasoning_effort": raw["reasoning_effort"],
         "log_numbers": math.log1p(len(numbers)),
         "log_long_numbers": math.log1p(sum(1 for n in numbers if len(n) >= 3)),
@@ -127,6 +129,12 @@ def ngrams(body: Mapping[str, Any]) -> set[str]:
 
 def bucket(gram: str, bits: int) -> int:
     return zlib.crc32(gram.encode()) & ((1 << bits) - 1)
+
+
+def standardize(value: float, mean: float, scale: float) -> float:
+    """(value - mean) / scale, clipped to CLIP: a request unlike anything in training (a
+    one-word prompt, a 500-tool request) must not get an extreme score from one feature."""
+    return max(-CLIP, min(CLIP, (value - mean) / scale))
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +179,7 @@ class Classifier:
     def predict(self, body: Mapping[str, Any], session: SessionState | None = None) -> Prediction:
         x, raw = dense_features(body, session)
         contributions = [
-            (name, self.dense[name] * (x[name] - self.mean[name]) / self.scale[name])
+            (name, self.dense[name] * standardize(x[name], self.mean[name], self.scale[name]))
             for name in DENSE
         ]
         grams = ngrams(body)

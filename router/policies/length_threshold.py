@@ -1,7 +1,7 @@
 """Baseline policy: long prompts go to the full tier, short ones to the fast tier.
 
 This is the comparison baseline every smarter policy must beat (see
-docs/routing-baseline.md). It looks only at the estimated prompt length.
+docs/router.md). It looks only at the estimated prompt length.
 """
 
 from __future__ import annotations

@@ -44,9 +44,9 @@ class Session:
         inner = self.base.decide(request)
         name = f"{self.name}/{inner.policy}"
         if state is not None and state.last_failure_step is not None:
-            since = state.steps - state.last_failure_step
-            if since < self.cooldown_steps:
-                why = (f"session: a fast-tier step failed {since + 1} step(s) ago "
+            since = state.steps - state.last_failure_step  # 1: the previous step
+            if since <= self.cooldown_steps:
+                why = (f"session: a fast-tier step failed {since} step(s) ago "
                        f"(full for {self.cooldown_steps})")  # fmt: skip
                 return self._force(inner, name, why)
         if (

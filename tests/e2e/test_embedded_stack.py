@@ -52,7 +52,7 @@ def test_auto_routes_a_short_prompt_to_the_fast_tier(real_stack):
         model="auto", messages=QUESTION, max_tokens=8, temperature=0
     )
     assert raw.headers["x-gearshift-tier"] == "fast"
-    assert raw.headers["x-gearshift-route-reason"].startswith("length_threshold:")
+    assert raw.headers["x-gearshift-route-reason"].startswith("classifier: p(full)=")
     assert raw.parse().model == FAST
 
 

@@ -81,6 +81,9 @@ def make_stack(tmp_path: Path) -> Iterator[Callable[..., Stack]]:
                 "timeouts": {"connect_s": 1, "first_byte_s": 5, "between_chunks_s": 5},
                 "retries": {"attempts": 3, "backoff_base_s": 0.01, "backoff_max_s": 0.05},
                 "health": {"interval_s": 0.2, "timeout_s": 0.5, "unhealthy_after": 1},
+                # a policy whose choice these tests can predict; the trained default is
+                # tested on its own (tests/router, test_routing_session.py, e2e)
+                "router": {"policy": "length_threshold"},
                 "store": {
                     "url": f"sqlite:///{tmp_path}/trajectories.db",
                     "dead_letter_path": str(tmp_path / "dead-letter.jsonl"),

@@ -121,9 +121,11 @@ def test_session_escalates_after_a_fast_failure():
     policy = build_policy("session", {"base": "always_fast", "cooldown_steps": 2})
     failed = SessionState(steps=4, last_tier=Tier.FULL, fast_failures=1, last_failure_step=3)
     d = policy.decide(req(EASY, session=failed))
-    assert d.tier is Tier.FULL and "failed 2 step(s) ago" in d.reason
+    assert d.tier is Tier.FULL and "failed 1 step(s) ago" in d.reason
     assert d.policy == "session/always_fast"
-    later = SessionState(steps=5, last_tier=Tier.FULL, fast_failures=1, last_failure_step=3)
+    second = SessionState(steps=5, last_tier=Tier.FULL, fast_failures=1, last_failure_step=3)
+    assert policy.decide(req(EASY, session=second)).tier is Tier.FULL  # the 2-step cooldown
+    later = SessionState(steps=6, last_tier=Tier.FULL, fast_failures=1, last_failure_step=3)
     assert policy.decide(req(EASY, session=later)).tier is Tier.FAST  # cooldown over
 
 

@@ -1,0 +1,73 @@
+"""Session-aware routing through the gateway: a fast-tier failure sends the rest of the
+session to full, sessions are told apart by header or by their opening, and the trained
+classifier's score and threshold are recorded with every step."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.support.fake_upstream import Behaviour, FakeUpstream
+from tests.support.tools import WEATHER_TOOLS
+
+
+def bad_call() -> Behaviour:
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"town": 3}'}}  # fmt: skip
+    return Behaviour(message={"role": "assistant", "content": None, "tool_calls": [call]})
+
+
+def post(stack, content: str, session: str | None = None, **extra) -> httpx.Response:
+    body = {"model": "auto", "messages": [{"role": "user", "content": content}], **extra}
+    headers = {"x-session-id": session} if session else {}
+    return httpx.post(stack.url + "/v1/chat/completions", json=body, headers=headers)
+
+
+SESSION = {"policy": "session", "params": {"base": "always_fast", "cooldown_steps": 2}}
+
+
+def test_a_failure_on_fast_sends_the_session_to_full(make_stack):
+    fast = FakeUpstream("fast").then(bad_call())
+    full = FakeUpstream("full")
+    stack = make_stack([full], [fast], router=SESSION)
+    first = post(stack, "weather?", "s1", tools=WEATHER_TOOLS)
+    assert "escalated to full" in first.headers["x-gearshift-route-reason"]
+    second = post(stack, "and tomorrow?", "s1")
+    assert second.headers["x-gearshift-tier"] == "full"
+    reason = second.headers["x-gearshift-route-reason"]
+    assert reason.startswith("session: a fast-tier step failed 1 step(s) ago")
+    assert post(stack, "hello", "s2").headers["x-gearshift-tier"] == "fast"  # other session
+    post(stack, "more", "s1")  # the second step of the cooldown
+    assert post(stack, "and now?", "s1").headers["x-gearshift-tier"] == "fast"  # cooldown over
+
+
+def test_sessions_without_an_id_are_known_by_their_opening(make_stack):
+    fast = FakeUpstream("fast").then(bad_call())
+    stack = make_stack([FakeUpstream("full")], [fast], router=SESSION)
+    opening = [{"role": "system", "content": "You are an agent."},
+               {"role": "user", "content": "Plan my trip."}]  # fmt: skip
+    body = {"model": "auto", "messages": opening, "tools": WEATHER_TOOLS}
+    httpx.post(stack.url + "/v1/chat/completions", json=body)  # escalated
+    later = {**body, "messages": [*opening, {"role": "assistant", "content": "ok"},
+                                  {"role": "user", "content": "go on"}]}  # fmt: skip
+    r = httpx.post(stack.url + "/v1/chat/completions", json=later)
+    assert r.headers["x-gearshift-tier"] == "full"
+    other = {**body, "messages": [{"role": "user", "content": "Something else."}]}
+    assert (
+        httpx.post(stack.url + "/v1/chat/completions", json=other).headers["x-gearshift-tier"]
+        == "fast"
+    )
+
+
+def test_classifier_decisions_are_explained_and_recorded(make_stack):
+    stack = make_stack([FakeUpstream("full")], [FakeUpstream("fast")],
+                       router={"policy": "session", "params": {"base": "classifier"}})  # fmt: skip
+    r = post(stack, "Complete this Python function.\n```python\ndef add(a, b):\n```", "c1")
+    assert r.status_code == 200, r.text
+    reason = r.headers["x-gearshift-route-reason"]
+    assert reason.startswith("classifier: p(full)=") and "top: " in reason
+    step = httpx.get(stack.url + "/v1/steps/" + r.headers["x-gearshift-step-id"]).json()
+    assert step["policy"] == "session/classifier"
+    features = step["features"]
+    assert 0.0 <= features["route_score"] <= 1.0 and "route_threshold" in features
+    assert features["code"] == 1.0
+    assert stack.metric("gearshift_route_decision_seconds_count") >= 1
