@@ -36,8 +36,8 @@ from bench.router_outcomes import DEFAULT_OUT, load
 from bench.router_tasks import Task, all_tasks
 from router.classifier import Classifier
 from router.dataset import write_examples
-from router.evaluation import routing_curve
-from router.report import BASELINES, best_baseline, compare
+from router.evaluation import auc, routing_curve
+from router.report import BASELINES, CHAINS, best_baseline, compare
 from router.training import DEFAULT_MARGIN, Example, fit, split
 
 REPEATS = 5
@@ -59,6 +59,31 @@ def examples_from(tasks: list[Task], outcomes: dict[str, dict[str, Any]]) -> lis
         for t in tasks
         if t.check is not None
     ]  # fmt: skip
+
+
+def fine_group(ex: Example) -> str:
+    """Source, category and difficulty: what a router cannot see but the labels follow."""
+    parts = ex.id.split("/")
+    return "/".join(parts[:3]) if parts[0] == "rg" else ex.group
+
+
+def group_ceiling(train: list[Example], test: list[Example], margin: float) -> dict[str, float]:
+    """AUC of scoring each held-out task by its group's positive rate: from the training
+    split (a router that knew every task's group) and from the held-out split itself (an
+    oracle): how much of the label is group-level, and how much is per-task noise."""
+    labels = [e.label(margin) for e in test]
+
+    def rates(examples: list[Example]) -> dict[str, float]:
+        by: dict[str, list[int]] = defaultdict(list)
+        for e in examples:
+            by[fine_group(e)].append(e.label(margin))
+        return {k: statistics.fmean(v) for k, v in by.items()}
+
+    prior, oracle = rates(train), rates(test)
+    return {
+        "auc_group_prior": round(auc([prior.get(fine_group(e), 0.0) for e in test], labels), 4),
+        "auc_group_oracle": round(auc([oracle[fine_group(e)] for e in test], labels), 4),
+    }
 
 
 def plot(path: Path, model: Classifier, test: list[Example], report: dict[str, Any]) -> None:
@@ -118,6 +143,7 @@ def main() -> None:
         spec = fit(train, seed=seed, margin=args.margin, meta=meta)
         model = Classifier(spec)
         report = compare(model, test, margin=args.margin)
+        report["ceiling"] = group_ceiling(train, test, args.margin)
         runs.append(report)
         if seed == 0:
             first_model, first_test, first_spec = model, test, spec
@@ -127,15 +153,21 @@ def main() -> None:
             key: round(statistics.fmean(r[name][key] for r in runs[1:]), 4)
             for key in ("auc", "apgr")
         }
-        for name in ("classifier", *BASELINES, "random")
+        for name in ("classifier", *CHAINS, *BASELINES, "random")
     }
 
     print(f"\nheld-out split (seed 0): {report['tiers']}", file=sys.stderr)
-    print(f"{'router':18} {'AUC':>6} {'APGR':>6} {'CPT50':>6} {'CPT80':>6}   mean of {REPEATS} more splits: AUC  APGR", file=sys.stderr)  # fmt: skip
-    for name in ("classifier", *BASELINES, "random"):
+    print(f"{'router':24} {'AUC':>6} {'APGR':>6} {'CPT50':>6} {'CPT80':>6}   mean of {REPEATS} more splits: AUC  APGR", file=sys.stderr)  # fmt: skip
+    for name in ("classifier", *CHAINS, *BASELINES, "random"):
         r, m = report[name], repeated[name]
-        print(f"{name:18} {r['auc']:6.3f} {r['apgr']:6.3f} {r['cpt50']:6.3f} {r['cpt80']:6.3f}"
+        print(f"{name:24} {r['auc']:6.3f} {r['apgr']:6.3f} {r['cpt50']:6.3f} {r['cpt80']:6.3f}"
               f"   {m['auc']:>30.3f} {m['apgr']:.3f}", file=sys.stderr)  # fmt: skip
+    ceiling = {
+        k: round(statistics.fmean(r["ceiling"][k] for r in runs), 4) for k in runs[0]["ceiling"]
+    }
+    print(f"AUC if each task's group (source/category/difficulty) were known, mean of all "
+          f"splits: rate from training {ceiling['auc_group_prior']:.3f}, "
+          f"oracle rate from the held-out split {ceiling['auc_group_oracle']:.3f}", file=sys.stderr)  # fmt: skip
     at = report["at_threshold"]
     print(f"at the shipped threshold {at['threshold']:.3f}: {at['full_share']:.0%} of steps on "
           f"full, PGR {at['pgr']:.2f}", file=sys.stderr)  # fmt: skip
@@ -166,9 +198,11 @@ def main() -> None:
         "apgr_mean_splits": repeated["classifier"]["apgr"],
         "apgr_best_baseline_mean_splits": max(repeated[k]["apgr"] for k in (*BASELINES, "random")),
         "held_out": report["tiers"],
+        "ceiling_mean_splits": ceiling,
         "at_threshold": at,
         "mtbench_fast_share": mtbench,
         "baselines": {k: report[k] for k in (*BASELINES, "random")},
+        "chains": {k: {**report[k], "mean_splits": repeated[k]} for k in CHAINS},
     }
     print(json.dumps(summary))
 

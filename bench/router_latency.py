@@ -5,9 +5,9 @@
 Each shape is an agent session (a system prompt, user turns, assistant tool calls and tool
 results, text spread evenly) of N messages and about T prompt tokens (4 characters a
 token). For each shape the decision is timed ``repeats`` times, on one core (the process
-is pinned to CPU 0), after a warm-up: the configured policy (default ``session`` over the
-shipped ``classifier``, what a deployment would run) plus the session key the gateway
-derives from the opening messages. The length-threshold baseline is timed the same way as
+is pinned to one CPU), after a warm-up: the gateway's default policy (session -> rules ->
+the shipped classifier, what a deployment runs) plus the session key the gateway derives
+from the opening messages. The length-threshold baseline is timed the same way as
 the reference. Last line: one JSON object with ``p99_ms`` (the worst shape's p99),
 ``p50_ms`` and the ratio to the baseline.
 """
@@ -21,6 +21,7 @@ import statistics
 import time
 from typing import Any
 
+from gateway.config import Settings
 from gateway.route_state import opening_key
 from router import RouteRequest, build_policy
 from router.types import SessionState, Tier
@@ -76,12 +77,18 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeats", type=int, default=300)
-    parser.add_argument("--policy", default="session", help="policy to time (default: session)")
+    parser.add_argument(
+        "--policy", default="default",
+        help="policy to time; 'default': the gateway's default (session -> rules -> classifier)",
+    )  # fmt: skip
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    params = {"base": "classifier"} if args.policy == "session" else {}
-    policy = build_policy(args.policy, params)
+    if args.policy == "default":
+        router = Settings().router
+        policy = build_policy(router.policy, router.params)
+    else:
+        policy = build_policy(args.policy)
     baseline = build_policy("length_threshold")
     rows = []
     for n in MESSAGES:

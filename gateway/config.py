@@ -95,12 +95,20 @@ class AuthSettings(Section):
     keys: list[ApiKey] = Field(default_factory=list)
 
 
+# session -> rules (risky tool calls, high effort, failed tool call) -> the trained classifier;
+# code and math rules off: on this model family they cost 0.14 APGR (docs/decisions/)
+DEFAULT_ROUTER_PARAMS: dict[str, Any] = {
+    "base": "rules",
+    "base_params": {"base": "classifier", "code": False, "math": False},
+}
+
+
 class RouterSettings(Section):
-    policy: str = Field(
-        default="session",
-        description="routing policy (docs/router.md); 'session' wraps 'classifier' by default",
+    policy: str = Field(default="session", description="routing policy (docs/router.md)")
+    params: dict[str, Any] = Field(
+        default_factory=lambda: dict(DEFAULT_ROUTER_PARAMS),
+        description="the policy's parameters; given in a file, they replace these as a whole",
     )
-    params: dict[str, Any] = Field(default_factory=dict)
     escalate: bool = Field(
         default=True,
         description="re-run a routed fast-tier answer on the full tier when it fails validation "

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from router.classifier import Classifier
 from router.evaluation import auc, routing_curve
 from router.features import estimate_prompt_tokens
+from router.policy import build_policy
 from router.step_features import step_features
 from router.training import DEFAULT_MARGIN, Example
+from router.types import RouteRequest
 
 
 def _rules_score(ex: Example) -> float:
@@ -47,6 +49,19 @@ def metrics(
     }
 
 
+def forced_by_rules(ex: Example, params: Mapping[str, Any]) -> bool:
+    """Whether the rules policy (with these parameters) forces the full tier for ``ex``."""
+    policy = build_policy("rules", {**params, "base": "always_fast"})
+    return policy.decide(RouteRequest("chat", ex.body)).policy == "rules"
+
+
+# rules in front of the classifier, as a deployment may compose them (docs/router.md)
+CHAINS = {
+    "rules_risky+classifier": {"code": False, "math": False},
+    "rules_all+classifier": {},
+}
+
+
 def compare(
     model: Classifier,
     examples: Sequence[Example],
@@ -54,10 +69,17 @@ def compare(
     seed: int = 0,
     random_draws: int = 200,
 ) -> dict[str, Any]:
-    """Figures for the classifier, each baseline, and the classifier at its threshold."""
+    """Figures for the classifier, each baseline, rules in front of the classifier, and the
+    classifier at its threshold."""
     out: dict[str, Any] = {}
     scores = [model.predict(ex.body, ex.session).probability for ex in examples]
     out["classifier"] = metrics(scores, examples, margin)
+    for name, params in CHAINS.items():  # forced steps rank above every classifier score
+        chained = [
+            p + float(forced_by_rules(ex, params)) for ex, p in zip(examples, scores, strict=True)
+        ]
+        out[name] = metrics(chained, examples, margin)
+        out[name]["forced_share"] = round(sum(1 for c in chained if c >= 1.0) / len(chained), 4)
     for name, score in BASELINES.items():
         out[name] = metrics([score(ex) for ex in examples], examples, margin)
     rng = random.Random(seed)

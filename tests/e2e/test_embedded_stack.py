@@ -16,6 +16,12 @@ pytestmark = pytest.mark.e2e
 
 FULL, FAST = "smollm2-135m", "smollm2-135m-fast"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# a request the default router sends to the fast tier with a wide margin (p(full) ~ 0.2)
+FAST_ROUTED = [{"role": "user", "content": (
+    "Read the following customer notes and tell me, in one short sentence, which customer "
+    "sounds the happiest. Notes: Anna says the delivery was quick and the packaging was "
+    "lovely. Ben says the product works but the manual was confusing. Carla says she has "
+    "already recommended the shop to all of her friends and family.")}]  # fmt: skip
 WEATHER_TOOL = {
     "type": "function",
     "function": {
@@ -47,13 +53,22 @@ def test_non_stream_answer(real_stack):
     assert float(raw.headers["x-gearshift-overhead-ms"]) >= 0
 
 
-def test_auto_routes_a_short_prompt_to_the_fast_tier(real_stack):
+def test_auto_routes_with_the_trained_policy_and_explains(real_stack):
     raw = real_stack.client().chat.completions.with_raw_response.create(
         model="auto", messages=QUESTION, max_tokens=8, temperature=0
     )
-    assert raw.headers["x-gearshift-tier"] == "fast"
-    assert raw.headers["x-gearshift-route-reason"].startswith("classifier: p(full)=")
-    assert raw.parse().model == FAST
+    reason = raw.headers["x-gearshift-route-reason"]
+    assert reason.startswith("classifier: p(full)=") and reason.endswith("(no rule applied)")
+    tier = raw.headers["x-gearshift-tier"]
+    assert (">=" in reason) == (tier == "full")
+    assert raw.parse().model == {"full": FULL, "fast": FAST}[tier]
+    tools = [{"type": "function", "function": {"name": "delete_branch", "parameters": {
+        "type": "object", "properties": {"name": {"type": "string"}}}}}]  # fmt: skip
+    risky = real_stack.client().chat.completions.with_raw_response.create(
+        model="auto", messages=QUESTION, tools=tools, max_tokens=8, temperature=0
+    )
+    assert risky.headers["x-gearshift-tier"] == "full"
+    assert risky.headers["x-gearshift-route-reason"].startswith("rule risky_tools:")
 
 
 def test_stream_assembles_to_the_non_stream_answer(real_stack):
@@ -245,7 +260,7 @@ def test_zz_dead_fast_server_falls_back_then_restarts(real_stack):
     deadline = time.monotonic() + 30
     while True:  # until the gateway notices, requests may land on the dead replica and fall back
         raw = client.chat.completions.with_raw_response.create(
-            model="auto", messages=QUESTION, max_tokens=4
+            model="auto", messages=FAST_ROUTED, max_tokens=4
         )
         if raw.headers["x-gearshift-tier"] == "full":
             break
@@ -263,7 +278,7 @@ def test_zz_dead_fast_server_falls_back_then_restarts(real_stack):
         "the fast tier never came back",
     )
     raw = client.chat.completions.with_raw_response.create(
-        model="auto", messages=QUESTION, max_tokens=4
+        model="auto", messages=FAST_ROUTED, max_tokens=4
     )
     assert raw.headers["x-gearshift-tier"] == "fast"
     assert "restart 1/2" in real_stack.log_path.read_text()

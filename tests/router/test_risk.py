@@ -1,0 +1,59 @@
+"""Risk classes of pending tool calls, and the rule that sends mutating/destructive ones to full."""
+
+from __future__ import annotations
+
+import pytest
+
+from router import PolicyError, RouteRequest, Tier, build_policy
+from router.risk import classify, pending
+
+
+def tool(name: str) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    ("name", "risk"),
+    [
+        ("delete_branch", "destructive"), ("deleteUser", "destructive"), ("run_shell", "destructive"),
+        ("run_python", "destructive"), ("send_email", "mutating"), ("UpdateRecord", "mutating"),
+        ("write_file", "mutating"), ("http_fetch", "egress"), ("get_weather", "read-only"),
+        ("get_book", "read-only"), ("math.factorial", "read-only"), ("", "read-only"),
+    ],
+)  # fmt: skip
+def test_classes_from_hosted_tools_and_verbs(name: str, risk: str):
+    assert classify(name) == risk
+
+
+def test_overrides_win():
+    assert classify("archive_ticket", {"archive_ticket": "mutating"}) == "mutating"
+    assert classify("delete_cache", {"delete_cache": "read-only"}) == "read-only"
+
+
+def test_pending_call_is_the_named_choice_or_the_riskiest_offered():
+    tools = [tool("get_weather"), tool("send_email"), tool("drop_table")]
+    assert pending({"tools": tools}) == ("destructive", "drop_table")
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    assert pending({"tools": tools, "tool_choice": named}) == ("read-only", "get_weather")
+    assert pending({"tools": tools, "tool_choice": "none"}) is None
+    assert pending({"messages": []}) is None
+    assert pending({"tools": "junk"}) is None and pending({"tools": [1, {}]}) is None
+
+
+def test_rules_send_risky_steps_to_full_and_say_which_tool():
+    policy = build_policy("rules", {"base": "always_fast"})
+    body = {"messages": [{"role": "user", "content": "clean up"}], "tools": [tool("delete_branch")]}
+    d = policy.decide(RouteRequest("chat", body))
+    assert d.tier is Tier.FULL
+    assert d.reason == "rule risky_tools: a destructive tool call may follow (delete_branch)"
+    safe = {**body, "tools": [tool("get_weather")]}
+    assert policy.decide(RouteRequest("chat", safe)).tier is Tier.FAST
+    off = build_policy("rules", {"base": "always_fast", "risky_tools": False})
+    assert off.decide(RouteRequest("chat", body)).tier is Tier.FAST
+    annotated = build_policy("rules", {"base": "always_fast", "risk": {"get_weather": "mutating"}})
+    assert annotated.decide(RouteRequest("chat", safe)).tier is Tier.FULL
+
+
+def test_bad_risk_map_is_named():
+    with pytest.raises(PolicyError, match="risk must map tool names"):
+        build_policy("rules", {"risk": {"x": "scary"}})
