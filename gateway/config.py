@@ -106,8 +106,9 @@ DEFAULT_ROUTER_PARAMS: dict[str, Any] = {
 class RouterSettings(Section):
     policy: str = Field(default="session", description="routing policy (docs/router.md)")
     params: dict[str, Any] = Field(
-        default_factory=lambda: dict(DEFAULT_ROUTER_PARAMS),
-        description="the policy's parameters; given in a file, they replace these as a whole",
+        default_factory=dict,
+        description="the policy's parameters; for the default 'session' policy without "
+        "params, the default chain (DEFAULT_ROUTER_PARAMS); given, they replace it as a whole",
     )
     escalate: bool = Field(
         default=True,
@@ -120,6 +121,16 @@ class RouterSettings(Section):
     session_ttl_s: float = Field(
         default=3600.0, gt=0, description="a session's routing history expires after this idle time"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_chain(cls, data: Any) -> Any:
+        """The default chain's params apply only to the default policy: choosing another
+        policy without params gives that policy its own defaults."""
+        default_policy = isinstance(data, dict) and data.get("policy", "session") == "session"
+        if default_policy and "params" not in data:
+            return {**data, "params": dict(DEFAULT_ROUTER_PARAMS)}
+        return data
 
 
 class LimitsSettings(Section):

@@ -40,8 +40,9 @@ class SandboxProcess:
             except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
-        with contextlib.suppress(OSError):
-            self._config.unlink()
+        for path in (self._config, self.socket):  # uvicorn leaves its Unix socket behind
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 async def start_sandbox(settings: Settings, timeout_s: float = 20.0) -> SandboxProcess | None:

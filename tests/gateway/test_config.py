@@ -85,3 +85,14 @@ def test_store_urls_are_normalized():
 
     assert normalize_url("postgresql://u:p@db/g") == "postgresql+psycopg://u:p@db/g"
     assert normalize_url("sqlite:///~/x.db") == f"sqlite:///{Path.home()}/x.db"
+
+
+def test_default_route_chain_and_other_policies_own_defaults(tmp_path):
+    default = load_settings(None).router
+    assert default.policy == "session"
+    assert default.params == {"base": "rules", "base_params": {"base": "classifier", "code": False, "math": False}}  # fmt: skip
+    path = tmp_path / "g.yaml"
+    path.write_text("router: {policy: length_threshold}\n")
+    assert load_settings(path).router.params == {}  # not the session chain's params
+    path.write_text("router: {params: {base: classifier}}\n")
+    assert load_settings(path).router.params == {"base": "classifier"}  # replaced as a whole
