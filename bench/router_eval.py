@@ -115,6 +115,40 @@ def plot(path: Path, model: Classifier, test: list[Example], report: dict[str, A
     fig.savefig(path, dpi=110)
 
 
+def plot_mix(path: Path, model: Classifier, test: list[Example], tasks: list[Task]) -> None:
+    """Where the shipped model sends each kind of step: the share routed to the full tier
+    at its threshold, next to the share where the full tier actually did better."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for e in test:
+        group = fine_group(e).replace("reasoning_gym/", "rg/").replace("rg/", "rg ")
+        rows[group][0].append(float(model.predict(e.body).probability >= model.threshold))
+        rows[group][1].append(float(e.label()))
+    for t in tasks:
+        if t.source == "mtbench":
+            p = model.predict(t.body).probability
+            rows[f"MT-Bench {t.category}"][0].append(float(p >= model.threshold))
+    names = sorted(rows, key=lambda k: (k.startswith("MT-Bench"), k))
+    routed = [statistics.fmean(rows[k][0]) for k in names]
+    needed = [statistics.fmean(rows[k][1]) if rows[k][1] else float("nan") for k in names]
+    fig, ax = plt.subplots(figsize=(7, 0.26 * len(names) + 1.2))
+    y = range(len(names))
+    ax.barh([i + 0.2 for i in y], routed, height=0.4, label="routed to full (shipped threshold)")
+    ax.barh([i - 0.2 for i in y], needed, height=0.4, label="full tier did better (label)")
+    ax.set_yticks(list(y), names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of steps")
+    ax.set_title("Routing mix on held-out tasks and MT-Bench (no labels)")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -123,6 +157,7 @@ def main() -> None:
     parser.add_argument("--write-model", type=Path, help="save the seed-0 model here")
     parser.add_argument("--write-examples", type=Path, help="save the labelled set (JSONL)")
     parser.add_argument("--plot", type=Path, help="PGR curves of every router (PNG)")
+    parser.add_argument("--plot-mix", type=Path, help="routing mix by task group (PNG)")
     parser.add_argument(
         "--margin", type=float, default=DEFAULT_MARGIN,
         help="label 1 when the full score exceeds the fast score by more than this",
@@ -185,6 +220,8 @@ def main() -> None:
         args.write_model.write_text(json.dumps(first_spec, indent=1, sort_keys=True) + "\n")
     if args.plot:
         plot(args.plot, first_model, first_test, report)
+    if args.plot_mix:
+        plot_mix(args.plot_mix, first_model, first_test, tasks)
 
     base, base_apgr = best_baseline(report)
     summary = {
