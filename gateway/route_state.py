@@ -21,15 +21,15 @@ from gateway.scrape import Scraper
 from router.types import LoadSignals, SessionState, Tier
 
 OPENING_CHARS = 4096
+OPENING_PARTS = 16
 
 
 def _text(content: object) -> str:
     if isinstance(content, str):
         return content[:OPENING_CHARS]
     if isinstance(content, list):
-        return " ".join(
-            str(p.get("text"))[:OPENING_CHARS] for p in content if isinstance(p, Mapping)
-        )[:OPENING_CHARS]
+        parts = (p.get("text") for p in content[:OPENING_PARTS] if isinstance(p, Mapping))
+        return " ".join(t[:OPENING_CHARS] for t in parts if isinstance(t, str))[:OPENING_CHARS]
     return ""
 
 

@@ -43,7 +43,7 @@ from gateway.route_state import RouteSessions, load_signals, opening_key
 from gateway.scrape import Scraper
 from gateway.telemetry import build_tracer_provider, end_span, start_span
 from gateway.upstream import new_session
-from router import RouteRequest, Tier, build_policy
+from router import Decision, RouteRequest, Tier, build_policy
 from sandbox.client import SandboxClient
 
 log = logging.getLogger(__name__)
@@ -250,9 +250,14 @@ class Gateway:
             session = self.route_sessions.get(ctx.tenant or "default", ctx.route_key)
             load = load_signals(self.pools, self.scraper)
             started = time.perf_counter()
-            decision = self.policy.decide(
-                RouteRequest(ctx.endpoint, body, ctx.route_key, session, load)
-            )
+            try:
+                decision = self.policy.decide(
+                    RouteRequest(ctx.endpoint, body, ctx.route_key, session, load)
+                )
+            except Exception as exc:  # a routing bug must not fail the request
+                log.exception("routing policy failed on request %s", ctx.request_id)
+                why = f"policy error ({type(exc).__name__}): full tier"
+                decision = Decision(Tier.FULL, why, "error")
             self.metrics.route_decision.observe(time.perf_counter() - started)
             if decision.tier not in self.pools:  # one-tier deployments
                 only = next(iter(self.pools))

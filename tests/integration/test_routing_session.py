@@ -71,3 +71,22 @@ def test_classifier_decisions_are_explained_and_recorded(make_stack):
     assert 0.0 <= features["route_score"] <= 1.0 and "route_threshold" in features
     assert features["code"] == 1.0
     assert stack.metric("gearshift_route_decision_seconds_count") >= 1
+
+
+class Boom:
+    name = "boom"
+
+    def decide(self, request):
+        raise RuntimeError("bug in a policy")
+
+
+def test_a_failing_policy_sends_the_request_to_full_not_to_an_error(make_stack):
+    from router.policy import _REGISTRY, register
+
+    if "boom" not in _REGISTRY:
+        register("boom")(lambda params: Boom())
+    stack = make_stack([FakeUpstream("full")], [FakeUpstream("fast")], router={"policy": "boom"})
+    r = post(stack, "hello")
+    assert r.status_code == 200
+    assert r.headers["x-gearshift-tier"] == "full"
+    assert r.headers["x-gearshift-route-reason"] == "policy error (RuntimeError): full tier"
