@@ -5,8 +5,8 @@ An example is a request body with the checked outcomes of both tiers on it. Its 
 ``margin`` (default 0.25): the steps where paying for the full tier buys quality. Steps both
 tiers get right, or both get wrong, are 0: the full tier would not change the outcome there.
 The margin ignores partial-credit differences (reasoning-gym gives 0.01 for a wrong answer in
-the right form); on the evaluation set it raised held-out AUC from 0.78 to 0.83 and APGR
-from 0.72 to 0.77 (mean of six splits, docs/router.md).
+the right form); on the evaluation set it raised held-out AUC from 0.80 to 0.83 and APGR
+from 0.74 to 0.77 (mean of six splits, docs/router.md).
 
 ``fit`` standardizes the dense features, picks the L2 strength by stratified k-fold AUC,
 fits a logistic regression by full-batch Adam on the log-loss, and writes the model spec
