@@ -142,6 +142,17 @@ def cmd_db(args: argparse.Namespace) -> int:
         database.downgrade(url, args.revision or "-1")
     elif args.action == "current":
         print(database.current_revision(url) or "(empty)", "head:", database.head_revision())
+    elif args.action == "replay":
+        from gateway.recording.replay import replay
+
+        path = Path(args.file or settings.store.dead_letter_path).expanduser()
+        result = replay(url, path, settings.rewards.hooks)
+        print(
+            f"{path}: {result.written} steps written, {result.already} already in the store, "
+            f"{result.failed} refused again, {result.unreadable} unreadable "
+            f"(those stay in {path})"
+        )
+        return 1 if result.failed or result.unreadable else 0
     return 0
 
 
@@ -293,11 +304,14 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("out", type=Path)
     exp.set_defaults(func=cmd_export)
 
-    db = sub.add_parser("db", help="trajectory store schema: upgrade, downgrade, current")
-    db.add_argument("action", choices=["upgrade", "downgrade", "current"])
+    db = sub.add_parser(
+        "db", help="trajectory store: schema upgrade, downgrade, current; replay dead letters"
+    )
+    db.add_argument("action", choices=["upgrade", "downgrade", "current", "replay"])
     db.add_argument("revision", nargs="?")
     db.add_argument("--config", type=Path)
     db.add_argument("--store", help="store URL (default: store.url of the configuration)")
+    db.add_argument("--file", help="replay: dead-letter file (default: store.dead_letter_path)")
     db.set_defaults(func=cmd_db)
 
     sbx = sub.add_parser("sandbox", help="run the tool sandbox service (as root)")
