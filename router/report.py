@@ -49,10 +49,10 @@ def metrics(
     }
 
 
-def forced_by_rules(ex: Example, params: Mapping[str, Any]) -> bool:
-    """Whether the rules policy (with these parameters) forces the full tier for ``ex``."""
+def forced_by_rules(examples: Sequence[Example], params: Mapping[str, Any]) -> list[bool]:
+    """Whether the rules policy (with these parameters) forces the full tier, per example."""
     policy = build_policy("rules", {**params, "base": "always_fast"})
-    return policy.decide(RouteRequest("chat", ex.body)).policy == "rules"
+    return [policy.decide(RouteRequest("chat", ex.body)).policy == "rules" for ex in examples]
 
 
 # rules in front of the classifier, as a deployment may compose them (docs/router.md)
@@ -75,9 +75,8 @@ def compare(
     scores = [model.predict(ex.body, ex.session).probability for ex in examples]
     out["classifier"] = metrics(scores, examples, margin)
     for name, params in CHAINS.items():  # forced steps rank above every classifier score
-        chained = [
-            p + float(forced_by_rules(ex, params)) for ex, p in zip(examples, scores, strict=True)
-        ]
+        forced = forced_by_rules(examples, params)
+        chained = [p + float(f) for f, p in zip(forced, scores, strict=True)]
         out[name] = metrics(chained, examples, margin)
         out[name]["forced_share"] = round(sum(1 for c in chained if c >= 1.0) / len(chained), 4)
     for name, score in BASELINES.items():
