@@ -70,6 +70,13 @@ def command(spec: VllmServerSpec, python: Path) -> list[str]:
         "--enforce-eager",
         "--max-model-len",
         str(spec.max_model_len),
+        # Whole prompts only: a chunked prefill discards the token sampled for the unfinished
+        # chunk and rewinds the request's seeded generator, which a CPU torch.Generator
+        # cannot do ("CPU Generator does not use offset"): one request with `seed` and
+        # temperature > 0 killed the engine. docs/embedded-stack.md.
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens",
+        str(spec.max_model_len),
         "--kv-cache-memory-bytes",
         str(spec.kv_cache_bytes),
         "--enable-auto-tool-choice",

@@ -8,6 +8,11 @@ task: ``{"key", "id", "full": {"score", "tokens", "seconds"}, "fast": {...}}``. 
 in the file (same key: id + hash of the request) are skipped, so an interrupted run resumes.
 Without ``--url`` it starts the embedded stack (``gearshift serve``, store and sandbox off).
 The first line of the file names the models that produced it.
+
+``--samples 4 --out bench/data/router_outcomes_sampled.jsonl`` asks for four answers per
+task and tier at temperature 0.7 instead: ``score`` is then their mean, an estimate of each
+tier's chance on the task that is less noisy than one greedy answer (labels for training;
+APGR stays on the greedy outcomes, which is what greedy serving gets).
 """
 
 from __future__ import annotations
@@ -29,27 +34,41 @@ DEFAULT_OUT = Path(__file__).parent / "data" / "router_outcomes.jsonl"
 TIERS = ("full", "fast")
 
 
-async def answer(session: aiohttp.ClientSession, url: str, tier: str, task: Task) -> dict[str, Any]:
+async def answer(
+    session: aiohttp.ClientSession, url: str, tier: str, task: Task, samples: int = 1
+) -> dict[str, Any]:
+    """Greedy (one answer), or ``samples`` answers at temperature 0.7: then ``score`` is
+    their mean (an estimate of the tier's chance to get the task right) and ``scores``
+    lists them."""
     body = {**task.body, "model": tier, "temperature": 0, "seed": 0}
+    if samples > 1:
+        body.update(temperature=0.7, n=samples)
     started = time.perf_counter()
     async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
         data = await resp.json()
         if resp.status != 200:
             raise RuntimeError(f"{task.id} on {tier}: HTTP {resp.status} {data}")
     seconds = time.perf_counter() - started
-    message = data["choices"][0]["message"]
     assert task.check is not None
-    score = task.check(message)
-    if inspect.isawaitable(score):
-        score = await score
-    return {
-        "score": round(float(score), 4),
+    scores = []
+    for choice in data["choices"]:
+        score = task.check(choice["message"])
+        if inspect.isawaitable(score):
+            score = await score
+        scores.append(round(float(score), 4))
+    out = {
+        "score": round(sum(scores) / len(scores), 4),
         "tokens": data["usage"]["completion_tokens"],
         "seconds": round(seconds, 3),
     }
+    if samples > 1:
+        out["scores"] = scores
+    return out
 
 
-async def collect(url: str, out: Path, tasks: list[Task], concurrency: int) -> int:
+async def collect(
+    url: str, out: Path, tasks: list[Task], concurrency: int, samples: int = 1
+) -> int:
     done = load(out)
     todo = [t for t in tasks if t.check is not None and t.key not in done]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -67,7 +86,8 @@ async def collect(url: str, out: Path, tasks: list[Task], concurrency: int) -> i
             nonlocal finished
             async with gate:
                 full, fast = await asyncio.gather(
-                    answer(session, url, "full", task), answer(session, url, "fast", task)
+                    answer(session, url, "full", task, samples),
+                    answer(session, url, "fast", task, samples),
                 )
             async with lock:
                 with out.open("a") as f:
@@ -96,15 +116,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--scale", type=float, default=1.0, help="task count multiplier")
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--samples", type=int, default=1,
+        help="answers per task and tier at temperature 0.7 (default 1: greedy); use another --out",
+    )  # fmt: skip
     args = parser.parse_args()
     tasks = all_tasks(args.scale)
     if args.url:
-        n = asyncio.run(collect(args.url.rstrip("/"), args.out, tasks, args.concurrency))
+        n = asyncio.run(
+            collect(args.url.rstrip("/"), args.out, tasks, args.concurrency, args.samples)
+        )
     else:
         from bench.tiers import embedded_stack
 
         with embedded_stack() as url:
-            n = asyncio.run(collect(url, args.out, tasks, args.concurrency))
+            n = asyncio.run(collect(url, args.out, tasks, args.concurrency, args.samples))
     print(json.dumps({"collected": n, "total": len(load(args.out)), "out": str(args.out)}))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -127,6 +128,32 @@ def test_n_with_seed_is_reproducible(real_stack):
     )
     assert len(first.choices) == 2
     assert [c.message.content for c in first.choices] == [c.message.content for c in second.choices]
+
+
+def test_seeded_sampling_under_load_does_not_kill_the_engines(real_stack):
+    """Concurrent seeded, sampled requests with long prompts: vLLM's chunked prefill rewinds
+    a seeded generator, which CPU generators cannot do; every engine died (all 502) before
+    the embedded stack turned chunked prefill off."""
+    text = " ".join(f"item {i} costs {i * 3} coins and weighs {i % 7} kilos;" for i in range(120))
+
+    async def one(client: openai.AsyncOpenAI, i: int, model: str) -> int:
+        answer = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": f"{i}: {text} Which is heaviest?"}],
+            temperature=0.7, seed=i, n=2, max_tokens=8,
+        )  # fmt: skip
+        return len(answer.choices)
+
+    async def burst() -> list[int]:
+        client = openai.AsyncOpenAI(base_url=real_stack.url + "/v1", api_key="x", max_retries=0)
+        try:
+            return await asyncio.gather(
+                *(one(client, i, m) for i in range(12) for m in (FULL, FAST))
+            )
+        finally:
+            await client.close()
+
+    assert asyncio.run(burst()) == [2] * 24
+    assert httpx.get(real_stack.url + "/ready").status_code == 200
 
 
 def test_forced_tool_call_with_strict_schema(real_stack):
