@@ -153,14 +153,17 @@ class Classifier:
                 f"not a Gearshift router model (format {spec.get('format')!r}, want {FORMAT!r})"
             )
         self.spec = dict(spec)
-        self.bits = int(spec["hash_bits"])
-        self.bias = float(spec["bias"])
-        self.dense = {k: float(v) for k, v in spec["dense_weights"].items()}
-        self.mean = {k: float(v) for k, v in spec["dense_mean"].items()}
-        self.scale = {k: float(v) for k, v in spec["dense_scale"].items()}
-        self.hashed = {int(k): float(v) for k, v in spec["hashed_weights"].items()}
-        self.threshold = float(spec["threshold"])
-        missing = set(DENSE) - set(self.dense)
+        try:
+            self.bits = int(spec["hash_bits"])
+            self.bias = float(spec["bias"])
+            self.dense = {k: float(v) for k, v in spec["dense_weights"].items()}
+            self.mean = {k: float(v) for k, v in spec["dense_mean"].items()}
+            self.scale = {k: float(v) for k, v in spec["dense_scale"].items()}
+            self.hashed = {int(k): float(v) for k, v in spec["hashed_weights"].items()}
+            self.threshold = float(spec["threshold"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"router model is incomplete or malformed: {exc!r}") from None
+        missing = set(DENSE) - set(self.dense) | set(DENSE) - set(self.mean)
         if missing:
             raise ValueError(f"router model lacks weights for {sorted(missing)}")
 

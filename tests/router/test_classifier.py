@@ -69,6 +69,7 @@ def test_huge_inputs_stay_cheap(model_file: Path):
     [
         ("{", "not valid JSON"),
         ('{"format": "other"}', "not a Gearshift router model"),
+        ('{"format": "gearshift-router-logreg/1", "bias": 0}', "incomplete or malformed"),
     ],
 )
 def test_bad_model_files_are_named(tmp_path: Path, content: str, message: str):
