@@ -4,7 +4,7 @@
                                 [--write-model router/assets/classifier.json]
                                 [--write-examples FILE] [--plot docs/img/router_eval.png]
 
-1. Builds the labelled set: the checkable tasks of ``bench.router_tasks`` (BFCL, HumanEval,
+1. Builds the labelled set (and prints each group's mean score on both tiers): the checkable tasks of ``bench.router_tasks`` (BFCL, HumanEval,
    reasoning-gym at three difficulties) joined with the checked answers of both embedded
    tiers from ``bench.router_outcomes`` (collect them first; about 40 minutes on two
    cores). Label: 1 when the full tier scored more than 0.25 above the fast tier.
@@ -65,6 +65,28 @@ def fine_group(ex: Example) -> str:
     """Source, category and difficulty: what a router cannot see but the labels follow."""
     parts = ex.id.split("/")
     return "/".join(parts[:3]) if parts[0] == "rg" else ex.group
+
+
+def mtbench_mix(model: Classifier, tasks: list[Task]) -> dict[str, float]:
+    """The share of MT-Bench's first turns the model leaves on the fast tier, per category."""
+    mix: dict[str, list[float]] = defaultdict(list)
+    for t in tasks:
+        if t.source == "mtbench":
+            mix[t.category].append(float(model.predict(t.body).probability < model.threshold))
+    return {k: round(statistics.fmean(v), 2) for k, v in sorted(mix.items())}
+
+
+def print_groups(examples: list[Example], margin: float) -> None:
+    """Each group's mean checked score on both tiers and its share labelled 'needs full'."""
+    by_group: dict[str, list[Example]] = defaultdict(list)
+    for e in examples:
+        by_group[fine_group(e)].append(e)
+    print(f"{'group':34} {'tasks':>5} {'full':>5} {'fast':>5} {'needs full':>10}", file=sys.stderr)
+    for name, members in sorted(by_group.items()):
+        full = statistics.fmean(e.full for e in members)
+        fast = statistics.fmean(e.fast for e in members)
+        share = statistics.fmean(e.label(margin) for e in members)
+        print(f"{name:34} {len(members):5d} {full:5.2f} {fast:5.2f} {share:10.0%}", file=sys.stderr)
 
 
 def group_ceiling(train: list[Example], test: list[Example], margin: float) -> dict[str, float]:
@@ -170,6 +192,7 @@ def main() -> None:
         write_examples(args.write_examples, examples)
     groups = Counter(e.group for e in examples)
     print(f"{len(examples)} checkable tasks in {len(groups)} groups", file=sys.stderr)
+    print_groups(examples, args.margin)
 
     runs = []
     for seed in range(REPEATS + 1):
@@ -207,12 +230,7 @@ def main() -> None:
     print(f"at the shipped threshold {at['threshold']:.3f}: {at['full_share']:.0%} of steps on "
           f"full, PGR {at['pgr']:.2f}", file=sys.stderr)  # fmt: skip
 
-    mix: dict[str, list[float]] = defaultdict(list)
-    for t in tasks:
-        if t.source == "mtbench":
-            p = first_model.predict(t.body).probability
-            mix[t.category].append(float(p < first_model.threshold))
-    mtbench = {k: round(statistics.fmean(v), 2) for k, v in sorted(mix.items())}
+    mtbench = mtbench_mix(first_model, tasks)
     print(f"MT-Bench fast-tier share by category: {mtbench}", file=sys.stderr)
 
     if args.write_model:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from router.step_features import step_features
+from router.step_features import Step, analyse
 from router.types import SessionState
 
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "classifier.json"
@@ -54,22 +54,6 @@ DENSE = (
 MAX_TOOLS = 64  # tools inspected for their parameter count
 
 
-def _last_user_text(body: Mapping[str, Any]) -> str:
-    messages = body.get("messages")
-    if isinstance(messages, Sequence) and not isinstance(messages, str):
-        for message in reversed(messages):
-            if isinstance(message, Mapping) and message.get("role") == "user":
-                content = message.get("content")
-                if isinstance(content, str):
-                    return content
-                if isinstance(content, Sequence):
-                    return " ".join(p.get("text") or "" for p in content if isinstance(p, Mapping))
-                return ""
-        return ""
-    prompt = body.get("prompt")
-    return prompt if isinstance(prompt, str) else ""
-
-
 def _tool_params(body: Mapping[str, Any]) -> int:
     tools = body.get("tools")
     if not isinstance(tools, Sequence) or isinstance(tools, str):
@@ -89,11 +73,13 @@ def _ends(text: str, scan: int) -> str:
 
 
 def dense_features(
-    body: Mapping[str, Any], session: SessionState | None = None
+    body: Mapping[str, Any], session: SessionState | None = None, step: Step | None = None
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """(the classifier's dense inputs, the raw step features they come from)."""
-    raw = step_features(body)
-    text = _ends(_last_user_text(body), TEXT_SCAN)
+    """(the classifier's dense inputs, the raw step features they come from); ``step`` is
+    ``analyse(body)`` when the caller has it already."""
+    step = step or analyse(body)
+    raw = step.features
+    text = _ends(step.text, TEXT_SCAN)
     numbers = NUMBER.findall(text)
     choice = body.get("tool_choice")
     x = {
@@ -119,9 +105,10 @@ def dense_features(
     return x, raw
 
 
-def ngrams(body: Mapping[str, Any]) -> set[str]:
+def ngrams(body: Mapping[str, Any], step: Step | None = None) -> set[str]:
     """The unigrams and bigrams of the last user message that the classifier hashes."""
-    tokens = _ends(_last_user_text(body), TEXT_SCAN).lower().translate(TOKENIZE).split()
+    text = (step or analyse(body)).text
+    tokens = _ends(text, TEXT_SCAN).lower().translate(TOKENIZE).split()
     grams = set(tokens)
     grams.update(map(" ".join, itertools.pairwise(tokens)))
     return grams
@@ -179,13 +166,16 @@ class Classifier:
             raise ValueError(f"router model {path} is not valid JSON: {exc}") from None
         return cls(spec)
 
-    def predict(self, body: Mapping[str, Any], session: SessionState | None = None) -> Prediction:
-        x, raw = dense_features(body, session)
+    def predict(
+        self, body: Mapping[str, Any], session: SessionState | None = None, step: Step | None = None
+    ) -> Prediction:
+        step = step or analyse(body)
+        x, raw = dense_features(body, session, step)
         contributions = [
             (name, self.dense[name] * standardize(x[name], self.mean[name], self.scale[name]))
             for name in DENSE
         ]
-        grams = ngrams(body)
+        grams = ngrams(body, step)
         if grams:
             weight = 1.0 / math.sqrt(len(grams))
             mask = (1 << self.bits) - 1

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from router.features import estimate_prompt_tokens
+from router.types import RouteRequest
 
 # Cheap substring tests first (C speed), and bounded patterns only after a hint matched: a
 # hostile request must not be able to make a decision slow. The tests also see only SCAN
@@ -66,21 +68,42 @@ def _text(content: object) -> str:
     return ""
 
 
+@dataclass(frozen=True, slots=True)
+class Step:
+    features: dict[str, float]
+    text: str  # the last user message (or the completions prompt), SCAN characters at each end
+
+
 def step_features(body: Mapping[str, Any]) -> dict[str, float]:
+    return analyse(body).features
+
+
+def analyse_request(request: RouteRequest) -> Step:
+    """``analyse(request.body)``, once per request: a chain of policies shares it."""
+    step = request.memo.get("step")
+    if step is None:
+        step = request.memo["step"] = analyse(request.body)
+    return step
+
+
+def analyse(body: Mapping[str, Any]) -> Step:
     messages = body.get("messages")
     msgs = [m for m in messages if isinstance(m, Mapping)] if isinstance(messages, Sequence) else []
     last_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=-1)
     tail = msgs[last_user + 1 :]
     tool_msgs = [m for m in tail if m.get("role") == "tool"]
+    prompt = body.get("prompt")
     user_text = (
-        _text(msgs[last_user].get("content")) if last_user >= 0 else str(body.get("prompt") or "")
+        _text(msgs[last_user].get("content"))
+        if last_user >= 0
+        else (prompt if isinstance(prompt, str) else "")
     )
     if len(user_text) > 2 * SCAN:
         user_text = user_text[:SCAN] + "\n" + user_text[-SCAN:]
     fmt = body.get("response_format")
     choice = body.get("tool_choice")
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
-    return {
+    return Step({
         "prompt_tokens": float(estimate_prompt_tokens(body)),
         "messages": float(len(msgs)),
         "user_turns": float(sum(1 for m in msgs if m.get("role") == "user")),
@@ -93,4 +116,4 @@ def step_features(body: Mapping[str, Any]) -> dict[str, float]:
         "forced_tool": float(choice == "required" or isinstance(choice, Mapping)),
         "max_tokens": float(limit) if isinstance(limit, int) else 0.0,
         "reasoning_effort": EFFORT.get(str(body.get("reasoning_effort")), 0.0),
-    }  # fmt: skip
+    }, user_text)  # fmt: skip

@@ -55,6 +55,9 @@ class RouteRequest:
     session_id: str | None = None
     session: SessionState | None = None
     load: LoadSignals | None = None
+    # what policies derive from ``body``, computed once per request however many policies
+    # of a chain look at it (``router.step_features.analyse_request``)
+    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

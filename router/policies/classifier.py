@@ -20,6 +20,7 @@ from typing import Any
 
 from router.classifier import DEFAULT_MODEL, Classifier, Prediction
 from router.policy import Policy, PolicyError, register
+from router.step_features import analyse_request
 from router.types import Decision, RouteRequest, Tier
 
 
@@ -41,7 +42,7 @@ class ClassifierPolicy:
     name: str = "classifier"
 
     def score(self, request: RouteRequest) -> Prediction:
-        return self.model.predict(request.body, request.session)
+        return self.model.predict(request.body, request.session, analyse_request(request))
 
     def decide(self, request: RouteRequest) -> Decision:
         return self.decide_with(request, self.score(request), self.threshold, self.name, "")

@@ -20,7 +20,7 @@ from typing import Any
 
 from router import risk as tool_risk
 from router.policy import Policy, PolicyError, build_policy, register
-from router.step_features import step_features
+from router.step_features import analyse_request
 from router.types import Decision, RouteRequest, Tier
 
 RULES = {
@@ -41,7 +41,7 @@ class Rules:
     name: str = "rules"
 
     def decide(self, request: RouteRequest) -> Decision:
-        features = step_features(request.body)
+        features = analyse_request(request).features
         if self.risky_tools:
             found = tool_risk.pending(request.body, self.risk)
             if found is not None and found[0] in FORCING_RISKS:
