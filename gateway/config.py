@@ -54,6 +54,12 @@ class TimeoutSettings(Section):
         default=300.0, gt=0, description="until headers and first chunk (non-stream: whole body)"
     )
     between_chunks_s: float = Field(default=60.0, gt=0)
+    client_idle_s: int = Field(
+        default=75,
+        ge=1,
+        description="an idle keep-alive client connection stays open this long; longer than "
+        "client pools keep theirs (httpx 5 s, aiohttp 15 s), so the client closes first",
+    )
 
 
 class RetrySettings(Section):

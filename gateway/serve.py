@@ -13,6 +13,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 import uvicorn
@@ -142,6 +143,16 @@ async def run(settings: Settings) -> int:
             await sandbox.stop()
 
 
+def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
+    """Idle client connections stay open ``timeouts.client_idle_s`` (uvicorn's default is
+    5 s): a client that reuses a pooled connection just as the server closes it gets a
+    disconnect instead of an answer, so the server must be the one that waits longer."""
+    return uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level="warning", lifespan="on",
+        timeout_graceful_shutdown=10, timeout_keep_alive=settings.timeouts.client_idle_s,
+    )  # fmt: skip
+
+
 async def _run(settings: Settings) -> int:
     supervisor = None
     if not settings.tiers:
@@ -155,11 +166,7 @@ async def _run(settings: Settings) -> int:
             settings.host,
             settings.port,
         )
-    config = uvicorn.Config(
-        create_app(settings), host=settings.host, port=settings.port, log_level="warning",
-        lifespan="on", timeout_graceful_shutdown=10,
-    )  # fmt: skip
-    server = _Server(config)
+    server = _Server(uvicorn_config(settings, create_app(settings)))
 
     def on_signal() -> None:  # first signal: drain and stop; second: stop now
         server.force_exit = server.should_exit
