@@ -31,6 +31,7 @@ import aiohttp
 from bench.router_tasks import Task, all_tasks
 
 DEFAULT_OUT = Path(__file__).parent / "data" / "router_outcomes.jsonl"
+SAMPLED_OUT = Path(__file__).parent / "data" / "router_outcomes_sampled.jsonl"
 TIERS = ("full", "fast")
 
 
@@ -43,11 +44,17 @@ async def answer(
     body = {**task.body, "model": tier, "temperature": 0, "seed": 0}
     if samples > 1:
         body.update(temperature=0.7, n=samples)
-    started = time.perf_counter()
-    async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
-        data = await resp.json()
-        if resp.status != 200:
-            raise RuntimeError(f"{task.id} on {tier}: HTTP {resp.status} {data}")
+    for attempt in range(3):  # a pooled connection can drop as it is reused: ask again
+        started = time.perf_counter()
+        try:
+            async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+                data = await resp.json()
+                if resp.status != 200:
+                    raise RuntimeError(f"{task.id} on {tier}: HTTP {resp.status} {data}")
+            break
+        except aiohttp.ClientConnectionError:
+            if attempt == 2:
+                raise
     seconds = time.perf_counter() - started
     assert task.check is not None
     scores = []
