@@ -1,25 +1,32 @@
-"""Router quality: the trained classifier against the baselines, on real outcomes of both tiers.
+"""Router quality: the trained classifiers against the baselines, on real outcomes of both tiers.
 
     python -m bench.router_eval [--outcomes bench/data/router_outcomes.jsonl]
-                                [--write-model router/assets/classifier.json]
-                                [--write-examples FILE] [--plot docs/img/router_eval.png]
+        [--sampled-outcomes bench/data/router_outcomes_sampled.jsonl]
+        [--write-model router/assets/classifier.json]
+        [--write-sampled-model router/assets/classifier-sampled.json]
+        [--write-examples FILE] [--plot docs/img/router_eval.png] [--plot-mix FILE]
 
-1. Builds the labelled set (and prints each group's mean score on both tiers): the checkable tasks of ``bench.router_tasks`` (BFCL, HumanEval,
-   reasoning-gym at three difficulties) joined with the checked answers of both embedded
-   tiers from ``bench.router_outcomes`` (collect them first; about 40 minutes on two
-   cores). Label: 1 when the full tier scored more than 0.25 above the fast tier.
-2. Splits it (70/30, stratified by source and category, seed 0), trains the classifier on
-   the 70% (``router.training``) and reports on the held-out 30%, for the classifier and
-   every baseline (always full, always fast, random, length threshold, rules): AUC against
-   the held-out labels, and APGR and CPT(50%)/CPT(80%) as RouteLLM defines them over the
-   real outcomes. The same figures averaged over five more splits show how much of the
-   difference is the split.
-3. Reports the classifier's fast-tier share on MT-Bench's categories (no checker exists
+1. Builds the labelled sets (and prints each group's mean score on both tiers): the
+   checkable tasks of ``bench.router_tasks`` (BFCL, HumanEval, reasoning-gym at three
+   difficulties, exact-answer questions) joined with the checked answers of both embedded
+   tiers from ``bench.router_outcomes``, for two serving regimes: greedy (one answer at
+   temperature 0) and sampled (the mean of four answers at temperature 0.7, ``--samples 4``).
+   Label: 1 when the full tier scored more than 0.25 above the fast tier.
+2. For each regime, splits the set (70/30, stratified by source and category, seed 0),
+   trains a classifier on the 70% (``router.training``) and reports on the held-out 30%,
+   for the classifier and every baseline (always full, always fast, random, length
+   threshold, rules): AUC against the held-out labels, and APGR and CPT(50%)/CPT(80%) as
+   RouteLLM defines them over the real outcomes; also the other regime's model on the same
+   tasks (what routing these requests with it would give). The same
+   figures averaged over five more splits show how much of the difference is the split.
+3. Reports both classifiers' fast-tier share on MT-Bench's categories (no checker exists
    for those answers, so they are not in the figures above).
 
-``--write-model`` saves the model trained on the seed-0 training split (the one whose
-held-out figures are printed): that is the file the repo ships. Last line: one JSON object
-with ``auc``, ``apgr``, ``apgr_best_baseline``, ``cpt50``, ``cpt80``.
+``--write-model`` / ``--write-sampled-model`` save the models trained on the seed-0
+training split (the ones whose held-out figures are printed): the files the repo ships,
+used by the classifier policy for greedy and for sampled requests. Last line: one JSON
+object with the greedy regime's ``auc``, ``apgr``, ``apgr_best_baseline``, ``cpt50``,
+``cpt80``, and the same for the sampled regime under ``sampled``.
 """
 
 from __future__ import annotations
@@ -29,42 +36,53 @@ import json
 import statistics
 import sys
 from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.router_outcomes import DEFAULT_OUT, load
+from bench.router_outcomes import DEFAULT_OUT, SAMPLED_OUT, load
+from bench.router_plots import fine_group, plot, plot_mix
 from bench.router_tasks import Task, all_tasks
 from router.classifier import Classifier
 from router.dataset import write_examples
-from router.evaluation import auc, routing_curve
-from router.report import BASELINES, CHAINS, best_baseline, compare
+from router.evaluation import auc
+from router.report import BASELINES, CHAINS, best_baseline, compare, metrics
 from router.training import DEFAULT_MARGIN, Example, fit, split
 
 REPEATS = 5
+
+
+def _shown(path: Path) -> str:
+    """A path as the model file records it: relative to the repo when inside it."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        return str(path.resolve().relative_to(root))
+    except ValueError:
+        return str(path)
 
 
 def _group(task: Task) -> str:
     return f"{task.source}/{task.category}"
 
 
-def examples_from(tasks: list[Task], outcomes: dict[str, dict[str, Any]]) -> list[Example]:
+GREEDY_COMMAND = "python -m bench.router_outcomes"
+SAMPLED_COMMAND = f"python -m bench.router_outcomes --samples 4 --out {SAMPLED_OUT}"
+
+
+def examples_from(
+    tasks: list[Task], outcomes: dict[str, dict[str, Any]], command: str = GREEDY_COMMAND
+) -> list[Example]:
     missing = [t.id for t in tasks if t.check is not None and t.key not in outcomes]
     if missing:
         raise SystemExit(
             f"{len(missing)} tasks have no cached outcome (first: {missing[0]}); run "
-            "`python -m bench.router_outcomes` to collect them (it resumes where it stopped)"
+            f"`{command}` to collect them (it resumes where it stopped)"
         )
     return [
         Example(t.id, t.body, outcomes[t.key]["full"]["score"], outcomes[t.key]["fast"]["score"], _group(t))
         for t in tasks
         if t.check is not None
     ]  # fmt: skip
-
-
-def fine_group(ex: Example) -> str:
-    """Source, category and difficulty: what a router cannot see but the labels follow."""
-    parts = ex.id.split("/")
-    return "/".join(parts[:3]) if parts[0] == "rg" else ex.group
 
 
 def mtbench_mix(model: Classifier, tasks: list[Task]) -> dict[str, float]:
@@ -108,76 +126,100 @@ def group_ceiling(train: list[Example], test: list[Example], margin: float) -> d
     }
 
 
-def plot(path: Path, model: Classifier, test: list[Example], report: dict[str, Any]) -> None:
-    import matplotlib
+@dataclass
+class Regime:
+    """One serving regime's evaluation: a model trained and tested on its outcomes for each
+    split (seed 0 first), with the other regime's models tested on the same split."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    name: str
+    examples: list[Example]
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    models: list[Classifier] = field(default_factory=list)
+    specs: list[dict[str, Any]] = field(default_factory=list)
+    tests: list[list[Example]] = field(default_factory=list)
 
-    strong = [e.full for e in test]
-    weak = [e.fast for e in test]
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    routers = {"classifier": [model.predict(e.body).probability for e in test]}
-    routers.update({k: [f(e) for e in test] for k, f in BASELINES.items() if k != "always_fast"})
-    for name, scores in routers.items():
-        curve = routing_curve(scores, strong, weak)
-        label = f"{name} (APGR {report[name]['apgr']:.2f})"
-        style = "-" if name == "classifier" else "--"
-        ax.plot(
-            curve.cost, curve.pgr, style, label=label, linewidth=2 if name == "classifier" else 1
-        )
-    ax.plot([0, 1], [0, 1], ":", color="grey", label="random (APGR 0.50)")
-    ax.set_xlabel("share of steps sent to the full tier")
-    ax.set_ylabel("performance gap recovered (PGR)")
-    ax.set_title(f"Router on {len(test)} held-out tasks (real outcomes of both tiers)")
-    ax.legend(fontsize=8, loc="lower right")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    def run(self, args: argparse.Namespace, source: Path) -> None:
+        for seed in range(REPEATS + 1):
+            train, test = split(self.examples, 0.3, seed)
+            meta = {"split_seed": seed, "outcomes": _shown(source), "regime": self.name}
+            spec = fit(train, seed=seed, margin=args.margin, meta=meta)
+            model = Classifier(spec)
+            report = compare(model, test, margin=args.margin)
+            report["ceiling"] = group_ceiling(train, test, args.margin)
+            self.runs.append(report)
+            self.models.append(model)
+            self.specs.append(spec)
+            self.tests.append(test)
 
+    def cross(self, other: Regime, margin: float) -> None:
+        """The other regime's models on this regime's held-out tasks (the same tasks: the
+        splits depend on task ids only)."""
+        for seed, (report, test) in enumerate(zip(self.runs, self.tests, strict=True)):
+            scores = [other.models[seed].predict(e.body).probability for e in test]
+            report[f"{other.name}_model"] = metrics(scores, test, margin)
 
-def plot_mix(path: Path, model: Classifier, test: list[Example], tasks: list[Task]) -> None:
-    """Where the shipped model sends each kind of step: the share routed to the full tier
-    at its threshold, next to the share where the full tier actually did better."""
-    import matplotlib
+    def mean(self, name: str, key: str) -> float:
+        return round(statistics.fmean(r[name][key] for r in self.runs[1:]), 4)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def print(self, other: Regime) -> None:
+        report = self.runs[0]
+        names = ["classifier", f"{other.name}_model", *CHAINS, *BASELINES, "random"]
+        print(f"\n{self.name} serving: held-out split (seed 0): {report['tiers']}", file=sys.stderr)
+        print(f"{'router':24} {'AUC':>6} {'APGR':>6} {'CPT50':>6} {'CPT80':>6}   mean of {REPEATS} more splits: AUC  APGR", file=sys.stderr)  # fmt: skip
+        for name in names:
+            r = report[name]
+            print(f"{name:24} {r['auc']:6.3f} {r['apgr']:6.3f} {r['cpt50']:6.3f} {r['cpt80']:6.3f}"
+                  f"   {self.mean(name, 'auc'):>30.3f} {self.mean(name, 'apgr'):.3f}", file=sys.stderr)  # fmt: skip
+        ceiling = self.ceiling()
+        print(f"AUC if each task's group (source/category/difficulty) were known, mean of all "
+              f"splits: rate from training {ceiling['auc_group_prior']:.3f}, "
+              f"oracle rate from the held-out split {ceiling['auc_group_oracle']:.3f}", file=sys.stderr)  # fmt: skip
+        at = report["at_threshold"]
+        print(f"at the model's threshold {at['threshold']:.3f}: {at['full_share']:.0%} of steps "
+              f"on full, PGR {at['pgr']:.2f}", file=sys.stderr)  # fmt: skip
 
-    rows: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
-    for e in test:
-        group = fine_group(e).replace("reasoning_gym/", "rg/").replace("rg/", "rg ")
-        rows[group][0].append(float(model.predict(e.body).probability >= model.threshold))
-        rows[group][1].append(float(e.label()))
-    for t in tasks:
-        if t.source == "mtbench":
-            p = model.predict(t.body).probability
-            rows[f"MT-Bench {t.category}"][0].append(float(p >= model.threshold))
-    names = sorted(rows, key=lambda k: (k.startswith("MT-Bench"), k))
-    routed = [statistics.fmean(rows[k][0]) for k in names]
-    needed = [statistics.fmean(rows[k][1]) if rows[k][1] else float("nan") for k in names]
-    fig, ax = plt.subplots(figsize=(7, 0.26 * len(names) + 1.2))
-    y = range(len(names))
-    ax.barh([i + 0.2 for i in y], routed, height=0.4, label="routed to full (shipped threshold)")
-    ax.barh([i - 0.2 for i in y], needed, height=0.4, label="full tier did better (label)")
-    ax.set_yticks(list(y), names, fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlim(0, 1)
-    ax.set_xlabel("share of steps")
-    ax.set_title("Routing mix on held-out tasks and MT-Bench (no labels)")
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    def ceiling(self) -> dict[str, float]:
+        keys = self.runs[0]["ceiling"]
+        return {k: round(statistics.fmean(r["ceiling"][k] for r in self.runs), 4) for k in keys}
+
+    def summary(self, other: Regime) -> dict[str, Any]:
+        report = self.runs[0]
+        base, base_apgr = best_baseline(report)
+        out = {
+            "auc": report["classifier"]["auc"],
+            "apgr": report["classifier"]["apgr"],
+            "apgr_best_baseline": base_apgr,
+            "best_baseline": base,
+            "cpt50": report["classifier"]["cpt50"],
+            "cpt80": report["classifier"]["cpt80"],
+            "auc_mean_splits": self.mean("classifier", "auc"),
+            "apgr_mean_splits": self.mean("classifier", "apgr"),
+            "apgr_best_baseline_mean_splits": max(
+                self.mean(k, "apgr") for k in (*BASELINES, "random")
+            ),
+            "held_out": report["tiers"],
+            "ceiling_mean_splits": self.ceiling(),
+            "at_threshold": report["at_threshold"],
+        }
+        name = f"{other.name}_model"
+        out[name] = {**report[name], "mean_splits": {k: self.mean(name, k) for k in ("auc", "apgr")}}  # fmt: skip
+        return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--outcomes", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--write-model", type=Path, help="save the seed-0 model here")
-    parser.add_argument("--write-examples", type=Path, help="save the labelled set (JSONL)")
+    parser.add_argument("--outcomes", type=Path, default=DEFAULT_OUT, help="greedy outcomes")
+    parser.add_argument(
+        "--sampled-outcomes", type=Path, default=SAMPLED_OUT,
+        help="outcomes sampled at T=0.7 (bench.router_outcomes --samples 4)",
+    )  # fmt: skip
+    parser.add_argument("--write-model", type=Path, help="save the seed-0 greedy model here")
+    parser.add_argument(
+        "--write-sampled-model", type=Path, help="save the seed-0 sampled model here"
+    )
+    parser.add_argument("--write-examples", type=Path, help="save the greedy labelled set")
     parser.add_argument("--plot", type=Path, help="PGR curves of every router (PNG)")
     parser.add_argument("--plot-mix", type=Path, help="routing mix by task group (PNG)")
     parser.add_argument(
@@ -187,77 +229,45 @@ def main() -> None:
     args = parser.parse_args()
 
     tasks = all_tasks()
-    examples = examples_from(tasks, load(args.outcomes))
+    greedy = Regime("greedy", examples_from(tasks, load(args.outcomes)))
+    sampled = Regime("sampled", examples_from(tasks, load(args.sampled_outcomes), SAMPLED_COMMAND))
     if args.write_examples:
-        write_examples(args.write_examples, examples)
-    groups = Counter(e.group for e in examples)
-    print(f"{len(examples)} checkable tasks in {len(groups)} groups", file=sys.stderr)
-    print_groups(examples, args.margin)
+        write_examples(args.write_examples, greedy.examples)
+    groups = Counter(e.group for e in greedy.examples)
+    print(f"{len(greedy.examples)} checkable tasks in {len(groups)} groups", file=sys.stderr)
+    for regime in (greedy, sampled):
+        print(f"\n{regime.name} outcomes:", file=sys.stderr)
+        print_groups(regime.examples, args.margin)
 
-    runs = []
-    for seed in range(REPEATS + 1):
-        train, test = split(examples, 0.3, seed)
-        meta = {"split_seed": seed, "outcomes": str(args.outcomes)}
-        spec = fit(train, seed=seed, margin=args.margin, meta=meta)
-        model = Classifier(spec)
-        report = compare(model, test, margin=args.margin)
-        report["ceiling"] = group_ceiling(train, test, args.margin)
-        runs.append(report)
-        if seed == 0:
-            first_model, first_test, first_spec = model, test, spec
-    report = runs[0]
-    repeated = {
-        name: {
-            key: round(statistics.fmean(r[name][key] for r in runs[1:]), 4)
-            for key in ("auc", "apgr")
-        }
-        for name in ("classifier", *CHAINS, *BASELINES, "random")
-    }
+    greedy.run(args, args.outcomes)
+    sampled.run(args, args.sampled_outcomes)
+    greedy.cross(sampled, args.margin)
+    sampled.cross(greedy, args.margin)
+    greedy.print(sampled)
+    sampled.print(greedy)
 
-    print(f"\nheld-out split (seed 0): {report['tiers']}", file=sys.stderr)
-    print(f"{'router':24} {'AUC':>6} {'APGR':>6} {'CPT50':>6} {'CPT80':>6}   mean of {REPEATS} more splits: AUC  APGR", file=sys.stderr)  # fmt: skip
-    for name in ("classifier", *CHAINS, *BASELINES, "random"):
-        r, m = report[name], repeated[name]
-        print(f"{name:24} {r['auc']:6.3f} {r['apgr']:6.3f} {r['cpt50']:6.3f} {r['cpt80']:6.3f}"
-              f"   {m['auc']:>30.3f} {m['apgr']:.3f}", file=sys.stderr)  # fmt: skip
-    ceiling = {
-        k: round(statistics.fmean(r["ceiling"][k] for r in runs), 4) for k in runs[0]["ceiling"]
-    }
-    print(f"AUC if each task's group (source/category/difficulty) were known, mean of all "
-          f"splits: rate from training {ceiling['auc_group_prior']:.3f}, "
-          f"oracle rate from the held-out split {ceiling['auc_group_oracle']:.3f}", file=sys.stderr)  # fmt: skip
-    at = report["at_threshold"]
-    print(f"at the shipped threshold {at['threshold']:.3f}: {at['full_share']:.0%} of steps on "
-          f"full, PGR {at['pgr']:.2f}", file=sys.stderr)  # fmt: skip
+    mtbench = {r.name: mtbench_mix(r.models[0], tasks) for r in (greedy, sampled)}
+    print(f"\nMT-Bench fast-tier share by category: {mtbench}", file=sys.stderr)
 
-    mtbench = mtbench_mix(first_model, tasks)
-    print(f"MT-Bench fast-tier share by category: {mtbench}", file=sys.stderr)
-
-    if args.write_model:
-        args.write_model.parent.mkdir(parents=True, exist_ok=True)
-        args.write_model.write_text(json.dumps(first_spec, indent=1, sort_keys=True) + "\n")
+    for path, regime in ((args.write_model, greedy), (args.write_sampled_model, sampled)):
+        if path:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(regime.specs[0], indent=1, sort_keys=True) + "\n")
     if args.plot:
-        plot(args.plot, first_model, first_test, report)
+        plot(args.plot, greedy.models[0], greedy.tests[0], greedy.runs[0])
     if args.plot_mix:
-        plot_mix(args.plot_mix, first_model, first_test, tasks)
+        plot_mix(args.plot_mix, greedy.models[0], greedy.tests[0], tasks)
 
-    base, base_apgr = best_baseline(report)
+    report = greedy.runs[0]
     summary = {
-        "auc": report["classifier"]["auc"],
-        "apgr": report["classifier"]["apgr"],
-        "apgr_best_baseline": base_apgr,
-        "best_baseline": base,
-        "cpt50": report["classifier"]["cpt50"],
-        "cpt80": report["classifier"]["cpt80"],
-        "auc_mean_splits": repeated["classifier"]["auc"],
-        "apgr_mean_splits": repeated["classifier"]["apgr"],
-        "apgr_best_baseline_mean_splits": max(repeated[k]["apgr"] for k in (*BASELINES, "random")),
-        "held_out": report["tiers"],
-        "ceiling_mean_splits": ceiling,
-        "at_threshold": at,
+        **greedy.summary(sampled),
         "mtbench_fast_share": mtbench,
         "baselines": {k: report[k] for k in (*BASELINES, "random")},
-        "chains": {k: {**report[k], "mean_splits": repeated[k]} for k in CHAINS},
+        "chains": {
+            k: {**report[k], "mean_splits": {m: greedy.mean(k, m) for m in ("auc", "apgr")}}
+            for k in CHAINS
+        },
+        "sampled": sampled.summary(greedy),
     }
     print(json.dumps(summary))
 

@@ -35,7 +35,8 @@ from typing import Any
 from router.step_features import Step, analyse
 from router.types import SessionState
 
-DEFAULT_MODEL = Path(__file__).parent / "assets" / "classifier.json"
+DEFAULT_MODEL = Path(__file__).parent / "assets" / "classifier.json"  # greedy outcomes
+DEFAULT_SAMPLED_MODEL = Path(__file__).parent / "assets" / "classifier-sampled.json"  # T=0.7
 FORMAT = "gearshift-router-logreg/1"
 CLIP = 3.0  # standard deviations
 TEXT_SCAN = 1024  # characters read at each end of the user's text for n-grams

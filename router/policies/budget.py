@@ -23,33 +23,45 @@ from router.types import Decision, RouteRequest
 
 
 @dataclass(slots=True)
+class Window:
+    """The last ``size`` scores, kept sorted for the quantile."""
+
+    size: int
+    recent: deque[float] = field(default_factory=deque)
+    ordered: list[float] = field(default_factory=list)
+
+    def quantile(self, q: float) -> float:
+        return self.ordered[min(len(self.ordered) - 1, int(q * len(self.ordered)))]
+
+    def observe(self, score: float) -> None:
+        self.recent.append(score)
+        bisect.insort(self.ordered, score)
+        if len(self.recent) > self.size:
+            old = self.recent.popleft()
+            del self.ordered[bisect.bisect_left(self.ordered, old)]
+
+
+@dataclass(slots=True)
 class Budget:
+    """One window per scoring model (greedy and sampled requests are scored by different
+    models, whose scores are not on one scale); each holds the target share."""
+
     scorer: ClassifierPolicy
     fast_share: float
     window: int = 1000
     min_samples: int = 50
     name: str = "budget"
-    _recent: deque[float] = field(default_factory=deque)
-    _sorted: list[float] = field(default_factory=list)
-
-    def threshold(self) -> float:
-        if len(self._sorted) < self.min_samples:
-            return self.scorer.threshold
-        k = min(len(self._sorted) - 1, int(self.fast_share * len(self._sorted)))
-        return self._sorted[k]
-
-    def observe(self, score: float) -> None:
-        self._recent.append(score)
-        bisect.insort(self._sorted, score)
-        if len(self._recent) > self.window:
-            old = self._recent.popleft()
-            del self._sorted[bisect.bisect_left(self._sorted, old)]
+    _windows: dict[bool, Window] = field(default_factory=dict)
 
     def decide(self, request: RouteRequest) -> Decision:
         prediction = self.scorer.score(request)
-        threshold = self.threshold()
-        self.observe(prediction.probability)
-        note = f" (fast share target {self.fast_share:.0%} over {len(self._recent)} steps)"
+        window = self._windows.setdefault(self.scorer.is_sampled(request), Window(self.window))
+        if len(window.ordered) < self.min_samples:
+            threshold = self.scorer.base_threshold(request)
+        else:
+            threshold = window.quantile(self.fast_share)
+        window.observe(prediction.probability)
+        note = f" (fast share target {self.fast_share:.0%} over {len(window.recent)} steps)"
         return self.scorer.decide_with(request, prediction, threshold, self.name, note)
 
 

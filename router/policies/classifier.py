@@ -1,13 +1,24 @@
 """The trained classifier with a tunable threshold (``router.classifier``).
 
     router: {policy: classifier, params: {model: router/assets/classifier.json,
-                                          threshold: 0.42, explore: 0.0}}
+                                          threshold: 0.42, explore: 0.0,
+                                          sampled_model: router/assets/classifier-sampled.json,
+                                          sampled_threshold: 0.14, sampled_from: 0.35,
+                                          default_temperature: 1.0}}
 
 A step whose P(needs full) is at or above ``threshold`` (default: the one stored in the
 model, chosen at training time to recover 90% of the full tier's quality) goes to the full
 tier. ``explore`` sends that share of steps to the other tier, chosen by a hash of the
 step (deterministic for a given request), and lowers the decision's propensity to match, so
 that other policies can be evaluated offline from the recorded trajectories.
+
+Whether the fast tier will do depends on how the request samples: a pruned model loses
+more to sampling than the full one (docs/router.md). A request whose ``temperature`` is at
+least ``sampled_from`` (a request without one samples at ``default_temperature``, vLLM's
+default when the model's generation config names none) is scored by ``sampled_model``,
+trained on sampled outcomes, with its own threshold; the rest by ``model``, trained on
+greedy ones. With the shipped models both are on by default; naming only ``model`` uses
+that one for every request, and ``sampled_model: null`` turns the split off.
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from router.classifier import DEFAULT_MODEL, Classifier, Prediction
+from router.classifier import DEFAULT_MODEL, DEFAULT_SAMPLED_MODEL, Classifier, Prediction
 from router.policy import Policy, PolicyError, register
 from router.step_features import analyse_request
 from router.types import Decision, RouteRequest, Tier
@@ -34,18 +45,53 @@ def explain(prediction: Prediction) -> str:
     return ", ".join(f"{name} {value:+.2f}" for name, value in prediction.top)
 
 
+@dataclass(frozen=True, slots=True)
+class Sampled:
+    """The model for requests that sample, and when a request counts as sampling."""
+
+    model: Classifier
+    threshold: float
+    sampled_from: float = 0.35
+    default_temperature: float = 1.0
+
+    def applies(self, body: Mapping[str, Any]) -> float | None:
+        """The request's temperature when this model scores it, else None."""
+        t = body.get("temperature")
+        if isinstance(t, bool) or not isinstance(t, (int, float)):
+            t = self.default_temperature
+        return float(t) if t >= self.sampled_from else None
+
+
 @dataclass(slots=True)
 class ClassifierPolicy:
     model: Classifier
     threshold: float
     explore: float = 0.0
     name: str = "classifier"
+    sampled: Sampled | None = None
+
+    def _regime(self, request: RouteRequest) -> tuple[Classifier, float, str]:
+        if self.sampled is not None:
+            temperature = self.sampled.applies(request.body)
+            if temperature is not None:
+                return self.sampled.model, self.sampled.threshold, f"sampled T={temperature:g}"
+        return self.model, self.threshold, ""
 
     def score(self, request: RouteRequest) -> Prediction:
-        return self.model.predict(request.body, request.session, analyse_request(request))
+        model = self._regime(request)[0]
+        return model.predict(request.body, request.session, analyse_request(request))
+
+    def is_sampled(self, request: RouteRequest) -> bool:
+        """Whether the sampled-request model scores this request."""
+        return bool(self._regime(request)[2])
+
+    def base_threshold(self, request: RouteRequest) -> float:
+        """The threshold of the model that scores this request."""
+        return self._regime(request)[1]
 
     def decide(self, request: RouteRequest) -> Decision:
-        return self.decide_with(request, self.score(request), self.threshold, self.name, "")
+        threshold = self.base_threshold(request)
+        return self.decide_with(request, self.score(request), threshold, self.name, "")
 
     def decide_with(
         self, request: RouteRequest, prediction: Prediction, threshold: float, name: str, note: str
@@ -53,6 +99,9 @@ class ClassifierPolicy:
         p = prediction.probability
         tier = Tier.FULL if p >= threshold else Tier.FAST
         cmp = ">=" if tier is Tier.FULL else "<"
+        regime = self._regime(request)[2]
+        if regime:
+            note = f" ({regime}){note}"
         reason = f"{name}: p(full)={p:.2f} {cmp} {threshold:.2f}{note}; top: {explain(prediction)}"
         propensity = 1.0
         if self.explore > 0.0:
@@ -67,12 +116,36 @@ class ClassifierPolicy:
         )
 
 
-def load_model(params: dict[str, Any], policy: str) -> Classifier:
-    path = params.pop("model", None) or DEFAULT_MODEL
+def load_model(params: dict[str, Any], policy: str, key: str = "model") -> Classifier:
+    path = params.pop(key, None) or (DEFAULT_MODEL if key == "model" else DEFAULT_SAMPLED_MODEL)
     try:
         return Classifier.load(Path(str(path)))
     except (ValueError, KeyError, TypeError) as exc:
-        raise PolicyError(f"{policy}: cannot load the router model: {exc}") from None
+        raise PolicyError(f"{policy}: cannot load the router model ({key}): {exc}") from None
+
+
+def _temperature(params: dict[str, Any], key: str, default: float, policy: str) -> float:
+    value = params.pop(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 2:
+        raise PolicyError(f"{policy}: {key} must be a temperature between 0 and 2, got {value!r}")
+    return float(value)
+
+
+def load_sampled(params: dict[str, Any], policy: str) -> Sampled | None:
+    """The sampled-request model: on with the shipped models, or when ``sampled_model`` is
+    named; off when only ``model`` is named or ``sampled_model`` is null."""
+    own_model = "model" in params
+    wanted = params.get("sampled_model", None if own_model else DEFAULT_SAMPLED_MODEL)
+    sampled_from = _temperature(params, "sampled_from", 0.35, policy)
+    default_temperature = _temperature(params, "default_temperature", 1.0, policy)
+    if wanted is None:
+        for key in ("sampled_model", "sampled_threshold"):
+            params.pop(key, None)
+        return None
+    params["sampled_model"] = wanted
+    model = load_model(params, policy, "sampled_model")
+    threshold = probability(params, "sampled_threshold", model.threshold, policy)
+    return Sampled(model, threshold, sampled_from, default_temperature)
 
 
 def probability(params: dict[str, Any], key: str, default: float, policy: str) -> float:
@@ -84,6 +157,7 @@ def probability(params: dict[str, Any], key: str, default: float, policy: str) -
 
 def build_classifier(params: Mapping[str, Any], policy: str = "classifier") -> ClassifierPolicy:
     p = dict(params)
+    sampled = load_sampled(p, policy)
     model = load_model(p, policy)
     threshold = probability(p, "threshold", model.threshold, policy)
     explore = probability(p, "explore", 0.0, policy)
@@ -91,9 +165,10 @@ def build_classifier(params: Mapping[str, Any], policy: str = "classifier") -> C
         raise PolicyError(f"{policy}: explore above 0.5 would invert the policy")
     if p:
         raise PolicyError(
-            f"{policy}: unknown parameters {sorted(p)}; known: model, threshold, explore"
+            f"{policy}: unknown parameters {sorted(p)}; known: model, threshold, explore, "
+            "sampled_model, sampled_threshold, sampled_from, default_temperature"
         )
-    return ClassifierPolicy(model, threshold, explore)
+    return ClassifierPolicy(model, threshold, explore, sampled=sampled)
 
 
 @register("classifier")

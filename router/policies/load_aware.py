@@ -31,8 +31,7 @@ class LoadAware:
     min_acceptance: float = 0.3
     name: str = "load_aware"
 
-    def adjust(self, load: LoadSignals | None) -> tuple[float, str]:
-        threshold = self.scorer.threshold
+    def adjust(self, load: LoadSignals | None, threshold: float) -> tuple[float, str]:
         if load is None:
             return threshold, ""
         notes = []
@@ -50,7 +49,7 @@ class LoadAware:
         return threshold, (f" (adjusted: {'; '.join(notes)})" if notes else "")
 
     def decide(self, request: RouteRequest) -> Decision:
-        threshold, note = self.adjust(request.load)
+        threshold, note = self.adjust(request.load, self.scorer.base_threshold(request))
         prediction = self.scorer.score(request)
         return self.scorer.decide_with(request, prediction, threshold, self.name, note)
 

@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from bench.router_tasks import (
+    Task,
     _humaneval_rows,
     all_tasks,
     bfcl_tasks,
@@ -70,3 +71,24 @@ def test_humaneval_checker_runs_the_tests_in_the_sandbox():
     assert asyncio.run(task.check({"content": good})) == 1.0
     assert asyncio.run(task.check({"content": wrong})) == 0.0
     assert asyncio.run(task.check({"content": escape})) == 0.0  # no network in the sandbox
+
+
+def test_eval_examples_need_every_outcome_and_name_the_command():
+    from bench.router_eval import SAMPLED_COMMAND, examples_from
+
+    def task(i: int) -> Task:
+        return Task(f"t/{i}", "trivia", "qa", None, {"messages": [{"role": "user", "content": str(i)}]}, check=lambda m: 1.0)  # fmt: skip
+
+    tasks = [task(0), task(1), Task("m", "mtbench", "writing", None, {}, check=None)]
+    outcomes = {
+        tasks[0].key: {"full": {"score": 1.0}, "fast": {"score": 0.0}},
+        tasks[1].key: {"full": {"score": 0.5}, "fast": {"score": 0.5}},
+    }
+    examples = examples_from(tasks, outcomes)
+    assert [(e.id, e.full, e.fast, e.label()) for e in examples] == [
+        ("t/0", 1.0, 0.0, 1), ("t/1", 0.5, 0.5, 0)]  # fmt: skip
+    del outcomes[tasks[1].key]
+    with pytest.raises(
+        SystemExit, match=r"1 tasks have no cached outcome \(first: t/1\).*--samples 4"
+    ):
+        examples_from(tasks, outcomes, SAMPLED_COMMAND)

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from router.classifier import DEFAULT_MODEL, DENSE, Classifier, dense_features, ngrams
+from router.classifier import (
+    DEFAULT_MODEL,
+    DEFAULT_SAMPLED_MODEL,
+    DENSE,
+    Classifier,
+    dense_features,
+    ngrams,
+)
 from router.dataset import ExamplesError, read_examples, write_examples
 from router.evaluation import auc
 from router.training import fit, split
@@ -87,9 +94,10 @@ def test_bad_model_files_are_named(tmp_path: Path, content: str, message: str):
         Classifier.load(tmp_path / "missing.json")
 
 
-def test_the_shipped_model_loads_and_routes():
-    model = Classifier.load(DEFAULT_MODEL)
-    spec = json.loads(DEFAULT_MODEL.read_text())
+@pytest.mark.parametrize("path", [DEFAULT_MODEL, DEFAULT_SAMPLED_MODEL], ids=["greedy", "sampled"])
+def test_the_shipped_models_load_and_route(path: Path):
+    model = Classifier.load(path)
+    spec = json.loads(path.read_text())
     assert spec["training"]["examples"] > 100
     assert 0.0 < model.threshold < 1.0
     code = {"messages": [{"role": "user", "content": "Complete this Python function.\n```python\ndef f(x):\n```"}]}  # fmt: skip

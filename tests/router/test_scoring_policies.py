@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from router import PolicyError, RouteRequest, Tier, build_policy
+from router.training import Example, fit
 from router.types import LoadSignals, SessionState
+from tests.router.conftest import synthetic
 
 HARD = {"messages": [{"role": "user", "content": "Compute 48213 * 99121 and then add 417."}]}
 EASY = {"messages": [{"role": "user", "content": "tell me about the river please"}]}
@@ -69,6 +72,49 @@ def test_bad_parameters_are_named(model_file: Path, name: str, params: dict, mes
         params = {**params, "model": str(model_file)}
     with pytest.raises(PolicyError, match=message):
         build_policy(name, params)
+
+
+@pytest.fixture(scope="module")
+def inverted_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model that learned the opposite: chit-chat needs the full tier, arithmetic not."""
+    flipped = [Example(e.id, e.body, 1.0, 1.0 if e.label() else 0.0, e.group) for e in synthetic()]
+    path = tmp_path_factory.mktemp("router") / "inverted.json"
+    path.write_text(json.dumps(fit(flipped, l2_grid=(0.01,), folds=3)))
+    return path
+
+
+def test_sampled_requests_are_scored_by_the_sampled_model(model_file: Path, inverted_file: Path):
+    policy = build_policy(
+        "classifier", {"model": str(model_file), "sampled_model": str(inverted_file)}
+    )
+    greedy, sampled = {**HARD, "temperature": 0}, {**HARD, "temperature": 0.7}
+    assert policy.decide(req(greedy)).tier is Tier.FULL
+    d = policy.decide(req(sampled))
+    assert d.tier is Tier.FAST and "(sampled T=0.7)" in d.reason
+    assert policy.decide(req(HARD)).tier is Tier.FAST  # no temperature: vLLM samples at 1.0
+    assert policy.decide(req({**HARD, "temperature": 0.3})).tier is Tier.FULL  # below 0.35
+    knobs = {"sampled_from": 0.2, "default_temperature": 0.0}
+    tuned = build_policy(
+        "classifier", {"model": str(model_file), "sampled_model": str(inverted_file), **knobs}
+    )
+    assert tuned.decide(req(HARD)).tier is Tier.FULL  # a missing temperature now means greedy
+    assert tuned.decide(req({**HARD, "temperature": 0.3})).tier is Tier.FAST
+    # naming only `model` (a team's own) scores every request with it
+    own = build_policy("classifier", {"model": str(model_file)})
+    assert (
+        own.decide(req(sampled)).tier is Tier.FULL
+        and "sampled" not in own.decide(req(sampled)).reason
+    )
+    off = build_policy("classifier", {"sampled_model": None})
+    assert "sampled" not in off.decide(req(sampled)).reason
+
+
+def test_the_default_classifier_splits_greedy_and_sampled_requests():
+    policy = build_policy("classifier", {})
+    greedy = policy.decide(req({**EASY, "temperature": 0}))
+    sampled = policy.decide(req(EASY))
+    assert "sampled" not in greedy.reason and "(sampled T=1)" in sampled.reason
+    assert greedy.threshold != sampled.threshold  # each model's own threshold
 
 
 def test_budget_holds_the_fast_share(model_file: Path):
@@ -149,3 +195,17 @@ def test_session_without_history_is_the_base(model_file: Path):
     )
     d = policy.decide(req(HARD))
     assert d.tier is Tier.FULL and d.score is not None and d.policy == "session/classifier"
+
+
+def test_budget_keeps_one_window_per_scoring_model(model_file: Path, inverted_file: Path):
+    params = {"model": str(model_file), "sampled_model": str(inverted_file), "fast_share": 0.5,
+              "window": 100, "min_samples": 10}  # fmt: skip
+    policy = build_policy("budget", params)
+    for i in range(40):  # sampled traffic only
+        policy.decide(req({**(HARD if i % 2 else EASY), "temperature": 1.0}))
+    greedy = policy.decide(req({**EASY, "temperature": 0}))
+    sampled = policy.decide(req({**EASY, "temperature": 1.0}))
+    assert "over 1 steps" in greedy.reason and "over 41 steps" in sampled.reason
+    models = {"model": str(model_file), "sampled_model": str(inverted_file)}
+    plain = build_policy("classifier", models).decide(req({**EASY, "temperature": 0}))
+    assert greedy.threshold == plain.threshold  # its window is not full yet: the model's own
