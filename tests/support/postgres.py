@@ -35,9 +35,30 @@ def _as_user(cmd: list[str], user: str | None) -> list[str]:
     return ["runuser", "-u", user, "--", *cmd] if user else cmd
 
 
+class Cluster:
+    """A running server: its URL, and ``stop()`` / ``start()`` for outage tests."""
+
+    def __init__(self, bindir: Path, data: Path, log: Path, opts: str, user: str | None, url: str):
+        self.bindir, self.data, self.log, self.opts, self.user, self.url = (
+            bindir, data, log, opts, user, url)  # fmt: skip
+
+    def _ctl(self, *args: str, check: bool = True) -> None:
+        cmd = [str(self.bindir / "pg_ctl"), "-D", str(self.data), *args]
+        subprocess.run(_as_user(cmd, self.user), check=check, capture_output=True)
+
+    def start(self) -> None:
+        self._ctl("-o", self.opts, "-l", str(self.log), "-w", "start")
+        _wait(self.url)
+
+    def stop(self, mode: str = "fast") -> None:
+        """``fast`` ends every session (clients see 'terminating connection'); ``immediate``
+        is a crash."""
+        self._ctl("-m", mode, "-w", "stop", check=False)
+
+
 @contextlib.contextmanager
-def postgres_server() -> Iterator[str]:
-    """Yields a SQLAlchemy URL to an empty database on a fresh server."""
+def postgres_cluster() -> Iterator[Cluster]:
+    """A fresh server with an empty database; stopped and deleted after."""
     bindir = _bindir()
     if bindir is None:
         raise RuntimeError(
@@ -53,34 +74,24 @@ def postgres_server() -> Iterator[str]:
         for p in (root, sock):
             os.chown(p, pw.pw_uid, pw.pw_gid)
     port = free_port()
-    run = lambda cmd: subprocess.run(_as_user(cmd, user), check=True, capture_output=True)  # noqa: E731
+    opts = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c max_connections=50"
+    url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    cluster = Cluster(bindir, data, root / "log", opts, user, url)
     try:
-        run(
-            [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8"]
-        )
-        opts = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c max_connections=50"
-        run(
-            [
-                str(bindir / "pg_ctl"),
-                "-D",
-                str(data),
-                "-o",
-                opts,
-                "-l",
-                str(root / "log"),
-                "-w",
-                "start",
-            ]
-        )
-        url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-        _wait(url)
-        yield url
+        cmd = [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8"]  # fmt: skip
+        subprocess.run(_as_user(cmd, user), check=True, capture_output=True)
+        cluster.start()
+        yield cluster
     finally:
-        subprocess.run(
-            _as_user([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], user),
-            capture_output=True,
-        )
+        cluster.stop("immediate")
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[str]:
+    """Yields a SQLAlchemy URL to an empty database on a fresh server."""
+    with postgres_cluster() as cluster:
+        yield cluster.url
 
 
 def _wait(url: str, timeout: float = 30.0) -> None:
