@@ -3,7 +3,7 @@
     router: {policy: classifier, params: {model: router/assets/classifier.json,
                                           threshold: 0.42, explore: 0.0,
                                           sampled_model: router/assets/classifier-sampled.json,
-                                          sampled_threshold: 0.14, sampled_from: 0.35,
+                                          sampled_threshold: 0.27, sampled_from: 0.35,
                                           default_temperature: 1.0}}
 
 A step whose P(needs full) is at or above ``threshold`` (default: the one stored in the
@@ -139,8 +139,9 @@ def load_sampled(params: dict[str, Any], policy: str) -> Sampled | None:
     sampled_from = _temperature(params, "sampled_from", 0.35, policy)
     default_temperature = _temperature(params, "default_temperature", 1.0, policy)
     if wanted is None:
-        for key in ("sampled_model", "sampled_threshold"):
-            params.pop(key, None)
+        params.pop("sampled_model", None)
+        if "sampled_threshold" in params:
+            raise PolicyError(f"{policy}: sampled_threshold needs a sampled_model")
         return None
     params["sampled_model"] = wanted
     model = load_model(params, policy, "sampled_model")
