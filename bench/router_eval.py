@@ -66,7 +66,7 @@ def _group(task: Task) -> str:
 
 
 GREEDY_COMMAND = "python -m bench.router_outcomes"
-SAMPLED_COMMAND = f"python -m bench.router_outcomes --samples 4 --out {SAMPLED_OUT}"
+SAMPLED_COMMAND = f"python -m bench.router_outcomes --samples 4 --out {_shown(SAMPLED_OUT)}"
 
 
 def examples_from(
@@ -105,6 +105,11 @@ def print_groups(examples: list[Example], margin: float) -> None:
         fast = statistics.fmean(e.fast for e in members)
         share = statistics.fmean(e.label(margin) for e in members)
         print(f"{name:34} {len(members):5d} {full:5.2f} {fast:5.2f} {share:10.0%}", file=sys.stderr)
+    full = statistics.fmean(e.full for e in examples)
+    fast = statistics.fmean(e.fast for e in examples)
+    share = statistics.fmean(e.label(margin) for e in examples)
+    print(f"{'all (fast / full ' + format(fast / full, '.2f') + ')':34} {len(examples):5d} "
+          f"{full:5.2f} {fast:5.2f} {share:10.0%}", file=sys.stderr)  # fmt: skip
 
 
 def group_ceiling(train: list[Example], test: list[Example], margin: float) -> dict[str, float]:
