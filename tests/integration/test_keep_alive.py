@@ -25,8 +25,25 @@ REQUEST = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 
 
 def _ask(sock: socket.socket) -> bytes:
+    """One request on the open connection; the whole response, read to its Content-Length
+    (headers and body may arrive in separate reads)."""
     sock.sendall(REQUEST)
-    return sock.recv(4096)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        assert chunk, "the server closed the connection"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = next(
+        int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )  # fmt: skip
+    while len(body) < length:
+        chunk = sock.recv(4096)
+        assert chunk, "the server closed the connection mid-response"
+        body += chunk
+    assert len(body) == length  # nothing left over for the next read
+    return head
 
 
 def test_default_outlasts_client_pools():
