@@ -71,6 +71,12 @@ def test_classifier_decisions_are_explained_and_recorded(make_stack):
     assert 0.0 <= features["route_score"] <= 1.0 and "route_threshold" in features
     assert features["code"] == 1.0
     assert stack.metric("gearshift_route_decision_seconds_count") >= 1
+    # no temperature: vLLM will sample at 1.0, so the sampled-outcome model decides
+    assert "(sampled T=1)" in reason
+    greedy = post(stack, "Hi.", temperature=0)
+    assert "sampled" not in greedy.headers["x-gearshift-route-reason"]
+    greedy_step = httpx.get(stack.url + "/v1/steps/" + greedy.headers["x-gearshift-step-id"]).json()
+    assert greedy_step["features"]["route_threshold"] != features["route_threshold"]
 
 
 class Boom:
