@@ -21,6 +21,10 @@
    figures averaged over five more splits show how much of the difference is the split.
 3. Reports both classifiers' fast-tier share on MT-Bench's categories (no checker exists
    for those answers, so they are not in the figures above).
+4. ``--check FILE`` (repeatable): both seed-0 models on other outcomes, such as answers
+   sampled at another temperature for a subset of the tasks (``bench.router_outcomes
+   --samples 4 --temperature 0.3 --scale 0.25``), on the held-out tasks they cover: which
+   model routes requests at that temperature better.
 
 ``--write-model`` / ``--write-sampled-model`` save the models trained on the seed-0
 training split (the ones whose held-out figures are printed): the files the repo ships,
@@ -211,6 +215,25 @@ class Regime:
         return out
 
 
+def check(
+    path: Path, tasks: list[Task], greedy: Regime, sampled: Regime, margin: float
+) -> dict[str, Any]:
+    """Both seed-0 models on other outcomes (another temperature, any subset of the tasks):
+    AUC and APGR on the seed-0 held-out tasks those outcomes cover."""
+    rows = load(path)
+    held_out = {e.id for e in greedy.tests[0]}
+    examples = examples_from([t for t in tasks if t.key in rows and t.id in held_out], rows)
+    out: dict[str, Any] = {"tasks": len(examples),
+                           "positives": sum(e.label(margin) for e in examples)}  # fmt: skip
+    for regime in (greedy, sampled):
+        scores = [regime.models[0].predict(e.body).probability for e in examples]
+        try:
+            out[f"{regime.name}_model"] = metrics(scores, examples, margin)
+        except ValueError as exc:  # too few tasks: no positives, or no quality gap
+            raise SystemExit(f"--check {path}: {exc}") from None
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -225,6 +248,11 @@ def main() -> None:
         "--write-sampled-model", type=Path, help="save the seed-0 sampled model here"
     )
     parser.add_argument("--write-examples", type=Path, help="save the greedy labelled set")
+    parser.add_argument(
+        "--check", type=Path, action="append", default=[],
+        help="more outcomes (e.g. --samples 4 --temperature 0.3 --scale 0.25): both models on "
+        "their held-out tasks; repeatable",
+    )  # fmt: skip
     parser.add_argument("--plot", type=Path, help="PGR curves of every router (PNG)")
     parser.add_argument("--plot-mix", type=Path, help="routing mix by task group (PNG)")
     parser.add_argument(
@@ -251,6 +279,12 @@ def main() -> None:
     greedy.print(sampled)
     sampled.print(greedy)
 
+    checks = {_shown(path): check(path, tasks, greedy, sampled, args.margin) for path in args.check}
+    for name, c in checks.items():
+        print(f"\n{name}: {c['tasks']} held-out tasks, {c['positives']} labelled 'needs full'", file=sys.stderr)  # fmt: skip
+        for model in ("greedy_model", "sampled_model"):
+            print(f"  {model:14} AUC {c[model]['auc']:.3f}  APGR {c[model]['apgr']:.3f}", file=sys.stderr)  # fmt: skip
+
     mtbench = {r.name: mtbench_mix(r.models[0], tasks) for r in (greedy, sampled)}
     print(f"\nMT-Bench fast-tier share by category: {mtbench}", file=sys.stderr)
 
@@ -273,6 +307,7 @@ def main() -> None:
             for k in CHAINS
         },
         "sampled": sampled.summary(greedy),
+        "checks": checks,
     }
     print(json.dumps(summary))
 

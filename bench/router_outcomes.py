@@ -7,12 +7,14 @@ tier (pinned by model name, greedy decoding), scores both answers and appends on
 task: ``{"key", "id", "full": {"score", "tokens", "seconds"}, "fast": {...}}``. Tasks already
 in the file (same key: id + hash of the request) are skipped, so an interrupted run resumes.
 Without ``--url`` it starts the embedded stack (``gearshift serve``, store and sandbox off).
-The first line of the file names the models that produced it.
+The first line of the file names the models that produced it and how they sampled.
 
 ``--samples 4 --out bench/data/router_outcomes_sampled.jsonl`` asks for four answers per
 task and tier at temperature 0.7 instead: ``score`` is then their mean, an estimate of each
-tier's chance on the task that is less noisy than one greedy answer (labels for training;
-APGR stays on the greedy outcomes, which is what greedy serving gets).
+tier's chance on the task that is less noisy than one greedy answer; the router's model
+for requests that sample is trained and scored on these (``bench.router_eval``). ``--temperature``
+sets another temperature for the samples, and ``--scale 0.25`` takes the first quarter of
+each source's tasks (``bench.router_eval --check`` scores the models on such a file).
 """
 
 from __future__ import annotations
@@ -36,14 +38,19 @@ TIERS = ("full", "fast")
 
 
 async def answer(
-    session: aiohttp.ClientSession, url: str, tier: str, task: Task, samples: int = 1
+    session: aiohttp.ClientSession,
+    url: str,
+    tier: str,
+    task: Task,
+    samples: int = 1,
+    temperature: float = 0.7,
 ) -> dict[str, Any]:
-    """Greedy (one answer), or ``samples`` answers at temperature 0.7: then ``score`` is
+    """Greedy (one answer), or ``samples`` answers at ``temperature``: then ``score`` is
     their mean (an estimate of the tier's chance to get the task right) and ``scores``
     lists them."""
     body = {**task.body, "model": tier, "temperature": 0, "seed": 0}
     if samples > 1:
-        body.update(temperature=0.7, n=samples)
+        body.update(temperature=temperature, n=samples)
     for attempt in range(3):  # a pooled connection can drop as it is reused: ask again
         started = time.perf_counter()
         try:
@@ -74,7 +81,12 @@ async def answer(
 
 
 async def collect(
-    url: str, out: Path, tasks: list[Task], concurrency: int, samples: int = 1
+    url: str,
+    out: Path,
+    tasks: list[Task],
+    concurrency: int,
+    samples: int = 1,
+    temperature: float = 0.7,
 ) -> int:
     done = load(out)
     todo = [t for t in tasks if t.check is not None and t.key not in done]
@@ -84,7 +96,9 @@ async def collect(
         if not out.exists() or out.stat().st_size == 0:
             async with session.get(f"{url}/v1/models") as resp:
                 models = [m["id"] for m in (await resp.json())["data"]]
-            out.write_text(json.dumps({"models": models, "created": time.time()}) + "\n")
+            header = {"models": models, "created": time.time(), "samples": samples,
+                      "temperature": temperature if samples > 1 else 0.0}  # fmt: skip
+            out.write_text(json.dumps(header) + "\n")
         gate = asyncio.Semaphore(concurrency)
         lock = asyncio.Lock()
         finished = 0
@@ -93,8 +107,8 @@ async def collect(
             nonlocal finished
             async with gate:
                 full, fast = await asyncio.gather(
-                    answer(session, url, "full", task, samples),
-                    answer(session, url, "fast", task, samples),
+                    answer(session, url, "full", task, samples, temperature),
+                    answer(session, url, "fast", task, samples, temperature),
                 )
             async with lock:
                 with out.open("a") as f:
@@ -125,19 +139,19 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument(
         "--samples", type=int, default=1,
-        help="answers per task and tier at temperature 0.7 (default 1: greedy); use another --out",
+        help="answers per task and tier at --temperature (default 1: greedy); use another --out",
     )  # fmt: skip
+    parser.add_argument("--temperature", type=float, default=0.7, help="with --samples > 1")
     args = parser.parse_args()
     tasks = all_tasks(args.scale)
+    how = (args.concurrency, args.samples, args.temperature)
     if args.url:
-        n = asyncio.run(
-            collect(args.url.rstrip("/"), args.out, tasks, args.concurrency, args.samples)
-        )
+        n = asyncio.run(collect(args.url.rstrip("/"), args.out, tasks, *how))
     else:
         from bench.tiers import embedded_stack
 
         with embedded_stack() as url:
-            n = asyncio.run(collect(url, args.out, tasks, args.concurrency, args.samples))
+            n = asyncio.run(collect(url, args.out, tasks, *how))
     print(json.dumps({"collected": n, "total": len(load(args.out)), "out": str(args.out)}))
 
 
