@@ -54,15 +54,17 @@ class Budget:
     _windows: dict[bool, Window] = field(default_factory=dict)
 
     def decide(self, request: RouteRequest) -> Decision:
-        prediction = self.scorer.score(request)
-        window = self._windows.setdefault(self.scorer.is_sampled(request), Window(self.window))
+        scored = self.scorer.score(request)
+        window = self._windows.get(bool(scored.regime))
+        if window is None:
+            window = self._windows[bool(scored.regime)] = Window(self.window)
         if len(window.ordered) < self.min_samples:
-            threshold = self.scorer.base_threshold(request)
+            threshold = scored.threshold
         else:
             threshold = window.quantile(self.fast_share)
-        window.observe(prediction.probability)
+        window.observe(scored.prediction.probability)
         note = f" (fast share target {self.fast_share:.0%} over {len(window.recent)} steps)"
-        return self.scorer.decide_with(request, prediction, threshold, self.name, note)
+        return self.scorer.decide_with(request, scored, threshold, self.name, note)
 
 
 @register("budget")

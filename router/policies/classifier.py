@@ -27,7 +27,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from router.classifier import DEFAULT_MODEL, DEFAULT_SAMPLED_MODEL, Classifier, Prediction
 from router.policy import Policy, PolicyError, register
@@ -62,6 +62,12 @@ class Sampled:
         return float(t) if t >= self.sampled_from else None
 
 
+class Scored(NamedTuple):
+    prediction: Prediction
+    threshold: float  # the scoring model's own (or the configured one)
+    regime: str  # "" for greedy requests, "sampled T=…" when the sampled model scored it
+
+
 @dataclass(slots=True)
 class ClassifierPolicy:
     model: Classifier
@@ -70,38 +76,30 @@ class ClassifierPolicy:
     name: str = "classifier"
     sampled: Sampled | None = None
 
-    def _regime(self, request: RouteRequest) -> tuple[Classifier, float, str]:
+    def score(self, request: RouteRequest) -> Scored:
+        """The request scored by the model for its regime, with that model's threshold."""
+        model, threshold, regime = self.model, self.threshold, ""
         if self.sampled is not None:
             temperature = self.sampled.applies(request.body)
             if temperature is not None:
-                return self.sampled.model, self.sampled.threshold, f"sampled T={temperature:g}"
-        return self.model, self.threshold, ""
-
-    def score(self, request: RouteRequest) -> Prediction:
-        model = self._regime(request)[0]
-        return model.predict(request.body, request.session, analyse_request(request))
-
-    def is_sampled(self, request: RouteRequest) -> bool:
-        """Whether the sampled-request model scores this request."""
-        return bool(self._regime(request)[2])
-
-    def base_threshold(self, request: RouteRequest) -> float:
-        """The threshold of the model that scores this request."""
-        return self._regime(request)[1]
+                model, threshold = self.sampled.model, self.sampled.threshold
+                regime = f"sampled T={temperature:g}"
+        prediction = model.predict(request.body, request.session, analyse_request(request))
+        return Scored(prediction, threshold, regime)
 
     def decide(self, request: RouteRequest) -> Decision:
-        threshold = self.base_threshold(request)
-        return self.decide_with(request, self.score(request), threshold, self.name, "")
+        scored = self.score(request)
+        return self.decide_with(request, scored, scored.threshold, self.name, "")
 
     def decide_with(
-        self, request: RouteRequest, prediction: Prediction, threshold: float, name: str, note: str
+        self, request: RouteRequest, scored: Scored, threshold: float, name: str, note: str
     ) -> Decision:
+        prediction = scored.prediction
+        if scored.regime:
+            note = f" ({scored.regime}){note}"
         p = prediction.probability
         tier = Tier.FULL if p >= threshold else Tier.FAST
         cmp = ">=" if tier is Tier.FULL else "<"
-        regime = self._regime(request)[2]
-        if regime:
-            note = f" ({regime}){note}"
         reason = f"{name}: p(full)={p:.2f} {cmp} {threshold:.2f}{note}; top: {explain(prediction)}"
         propensity = 1.0
         if self.explore > 0.0:

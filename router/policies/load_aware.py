@@ -49,9 +49,9 @@ class LoadAware:
         return threshold, (f" (adjusted: {'; '.join(notes)})" if notes else "")
 
     def decide(self, request: RouteRequest) -> Decision:
-        threshold, note = self.adjust(request.load, self.scorer.base_threshold(request))
-        prediction = self.scorer.score(request)
-        return self.scorer.decide_with(request, prediction, threshold, self.name, note)
+        scored = self.scorer.score(request)
+        threshold, note = self.adjust(request.load, scored.threshold)
+        return self.scorer.decide_with(request, scored, threshold, self.name, note)
 
 
 @register("load_aware")
