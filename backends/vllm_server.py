@@ -24,12 +24,18 @@ BASE_ENV: Mapping[str, str] = {
     "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
 }
 
-NGRAM_SPECULATION: Mapping[str, Any] = {
-    "method": "ngram",
-    "num_speculative_tokens": 4,
-    "prompt_lookup_max": 4,
-    "prompt_lookup_min": 2,
-}
+def ngram_speculation(tokens: int = 4, lookup_min: int = 2, lookup_max: int = 4) -> dict[str, Any]:
+    """vLLM's ngram (prompt lookup) speculation: the next ``tokens`` tokens are drafted from
+    the latest earlier occurrence of the last ``lookup_max``..``lookup_min`` tokens."""
+    return {
+        "method": "ngram",
+        "num_speculative_tokens": tokens,
+        "prompt_lookup_max": lookup_max,
+        "prompt_lookup_min": lookup_min,
+    }
+
+
+NGRAM_SPECULATION: Mapping[str, Any] = ngram_speculation()
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.router_outcomes import DEFAULT_OUT, SAMPLED_OUT, load
+from bench.router_outcomes import DEFAULT_OUT, SAMPLED_OUT, header, load
 from bench.router_plots import fine_group, plot, plot_mix
 from bench.router_tasks import Task, all_tasks
 from router.classifier import Classifier
@@ -151,6 +151,8 @@ class Regime:
         for seed in range(REPEATS + 1):
             train, test = split(self.examples, 0.3, seed)
             meta = {"split_seed": seed, "outcomes": _shown(source), "regime": self.name}
+            if "fast_tier" in header(source):
+                meta["fast_tier"] = header(source)["fast_tier"]
             spec = fit(train, seed=seed, margin=args.margin, meta=meta)
             model = Classifier(spec)
             report = compare(model, test, margin=args.margin)

@@ -7,7 +7,10 @@ tier (pinned by model name, greedy decoding), scores both answers and appends on
 task: ``{"key", "id", "full": {"score", "tokens", "seconds"}, "fast": {...}}``. Tasks already
 in the file (same key: id + hash of the request) are skipped, so an interrupted run resumes.
 Without ``--url`` it starts the embedded stack (``gearshift serve``, store and sandbox off).
-The first line of the file names the models that produced it and how they sampled.
+The first line of the file names the models that produced it, how they sampled and, when
+this run started the stack, the fast tier (``fast_tier``: model, mode, pruning; the router
+models trained on the file record it, and ``gearshift serve`` warns when the embedded fast
+tier differs).
 
 ``--samples 4 --out bench/data/router_outcomes_sampled.jsonl`` asks for four answers per
 task and tier at temperature 0.7 instead: ``score`` is then their mean, an estimate of each
@@ -87,6 +90,7 @@ async def collect(
     concurrency: int,
     samples: int = 1,
     temperature: float = 0.7,
+    fast_tier: dict[str, Any] | None = None,
 ) -> int:
     done = load(out)
     todo = [t for t in tasks if t.check is not None and t.key not in done]
@@ -98,6 +102,8 @@ async def collect(
                 models = [m["id"] for m in (await resp.json())["data"]]
             header = {"models": models, "created": time.time(), "samples": samples,
                       "temperature": temperature if samples > 1 else 0.0}  # fmt: skip
+            if fast_tier is not None:  # known when this run started the embedded stack
+                header["fast_tier"] = fast_tier
             out.write_text(json.dumps(header) + "\n")
         gate = asyncio.Semaphore(concurrency)
         lock = asyncio.Lock()
@@ -119,6 +125,13 @@ async def collect(
 
         await asyncio.gather(*(one(t) for t in todo))
     return len(todo)
+
+
+def header(path: Path) -> dict[str, Any]:
+    """The file's first line: the models, how they sampled, and the fast tier when known."""
+    with path.open() as f:
+        first = json.loads(f.readline() or "{}")
+    return first if isinstance(first, dict) and "key" not in first else {}
 
 
 def load(path: Path) -> dict[str, dict[str, Any]]:
@@ -149,9 +162,12 @@ def main() -> None:
         n = asyncio.run(collect(args.url.rstrip("/"), args.out, tasks, *how))
     else:
         from bench.tiers import embedded_stack
+        from gateway.config import load_settings
+        from gateway.embedded import fast_tier_identity
 
+        fast_tier = fast_tier_identity(load_settings().embedded)  # the stack reads the same env
         with embedded_stack() as url:
-            n = asyncio.run(collect(url, args.out, tasks, *how))
+            n = asyncio.run(collect(url, args.out, tasks, *how, fast_tier))
     print(json.dumps({"collected": n, "total": len(load(args.out)), "out": str(args.out)}))
 
 

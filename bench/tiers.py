@@ -240,12 +240,15 @@ def embedded_stack(env: dict[str, str] | None = None, label: str = "") -> Iterat
                 proc.kill()
 
 
-def run_stack(mode: str, heal_steps: int, remove: int, max_tokens: int) -> dict[str, Any]:
+def run_stack(
+    mode: str, heal_steps: int, remove: int, max_tokens: int, speculation: dict[str, int]
+) -> dict[str, Any]:
     env = {"GEARSHIFT_EMBEDDED__FAST_MODE": mode, "GEARSHIFT_EMBEDDED__HEAL_STEPS": str(heal_steps),
-           "GEARSHIFT_EMBEDDED__PRUNE_REMOVE": str(remove)}  # fmt: skip
+           "GEARSHIFT_EMBEDDED__PRUNE_REMOVE": str(remove),
+           **{f"GEARSHIFT_EMBEDDED__{k.upper()}": str(v) for k, v in speculation.items()}}  # fmt: skip
     with embedded_stack(env, f"[{mode}, heal {heal_steps}] ") as url:
         result = asyncio.run(measure(url, max_tokens))
-    result.update({"mode": mode, "heal_steps": heal_steps, "layers_removed": remove})
+    result.update({"mode": mode, "heal_steps": heal_steps, "layers_removed": remove, **speculation})
     print(json.dumps(result), flush=True)
     return result
 
@@ -261,16 +264,29 @@ def main() -> None:
     parser.add_argument(
         "--skip-unhealed", action="store_true", help="lossy: do not also measure before healing"
     )
+    parser.add_argument(
+        "--speculative-tokens", type=int, help="embedded.speculative_tokens (default: the mode's)"
+    )
+    parser.add_argument("--ngram-min", type=int, help="embedded.ngram_min (default 2)")
+    parser.add_argument("--ngram-max", type=int, help="embedded.ngram_max (default 4)")
     parser.add_argument("--url", help="measure a running gateway instead of starting stacks")
     args = parser.parse_args()
+    speculation = {
+        k: v
+        for k, v in (("speculative_tokens", args.speculative_tokens),
+                     ("ngram_min", args.ngram_min), ("ngram_max", args.ngram_max))
+        if v is not None
+    }  # fmt: skip
     if args.url:
         runs = [asyncio.run(measure(args.url.rstrip("/"), args.max_tokens))]
     else:
         runs = []
         for mode in args.modes.split(","):
             if mode == "lossy" and args.heal_steps and not args.skip_unhealed:
-                runs.append(run_stack(mode, 0, args.remove, args.max_tokens))  # before healing
-            runs.append(run_stack(mode, args.heal_steps, args.remove, args.max_tokens))
+                runs.append(
+                    run_stack(mode, 0, args.remove, args.max_tokens, speculation)
+                )  # before healing
+            runs.append(run_stack(mode, args.heal_steps, args.remove, args.max_tokens, speculation))
     headline = next((r for r in reversed(runs) if r.get("mode") == "lossy"), runs[-1])
     summary = {
         k: headline[k]

@@ -253,6 +253,24 @@ class EmbeddedSettings(Section):
         "and makes greedy decoding agree across speculative and plain decoding (docs/fast-tier.md)",
     )
     heal_steps: int = Field(default=100, ge=0, description="distillation steps after pruning")
+    speculative_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=16,
+        description="tokens proposed per decoding step; default 4 for ngram speculation, "
+        "3 for the lossless mode's draft model",
+    )
+    ngram_min: int = Field(default=2, ge=1, description="shortest prompt n-gram matched to draft")
+    ngram_max: int = Field(default=4, ge=1, description="longest prompt n-gram matched to draft")
+
+    @model_validator(mode="after")
+    def _check_ngram(self) -> EmbeddedSettings:
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(
+                f"embedded.ngram_min ({self.ngram_min}) must not exceed "
+                f"embedded.ngram_max ({self.ngram_max})"
+            )
+        return self
 
     @property
     def python(self) -> Path:

@@ -12,12 +12,15 @@ import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from backends.family import check_same_family, fingerprint
 from backends.provision import DEFAULT_MODEL, PruneOptions, provision, provision_pruned
 from backends.supervisor import Supervisor
-from backends.vllm_server import NGRAM_SPECULATION, VllmServerSpec, cpu_binds
-from gateway.config import EmbeddedSettings, TierSettings
+from backends.vllm_server import VllmServerSpec, cpu_binds, ngram_speculation
+from gateway.config import EmbeddedSettings, RouterSettings, TierSettings
+from router.classifier import Classifier
+from router.policy import PolicyError, build_policy, parts
 from router.types import Tier
 
 log = logging.getLogger(__name__)
@@ -33,6 +36,48 @@ class EmbeddedStack:
     model_dirs: dict[Tier, Path]
 
 
+def fast_tier_identity(settings: EmbeddedSettings) -> dict[str, Any]:
+    """What decides how the fast tier answers: the model and, for the lossy mode, how it
+    was pruned. The router's models learn where this tier falls short, so their files
+    record it (``training.fast_tier``); speculation settings and dtype do not change it."""
+    tier: dict[str, Any] = {"model": DEFAULT_MODEL.name, "mode": settings.fast_mode}
+    if settings.fast_mode == "lossy":
+        tier.update(
+            prune_remove=settings.prune_remove,
+            prune_method=settings.prune_method,
+            heal_steps=settings.heal_steps,
+        )
+    return tier
+
+
+def router_mismatches(router: RouterSettings, settings: EmbeddedSettings) -> list[str]:
+    """One warning per router model that learned from another fast tier than this one:
+    its scores and threshold then describe a tier that is not serving."""
+    try:
+        policy = build_policy(router.policy, router.params)
+    except PolicyError:
+        return []  # the gateway reports the configuration error itself
+    serving = fast_tier_identity(settings)
+    warnings: dict[str, str] = {}
+    models = [part for part in parts(policy) if isinstance(part, Classifier)]
+    for model in models:
+        trained = model.fast_tier
+        if trained is None or trained == serving:
+            continue
+        differs = sorted(
+            k for k in serving.keys() | trained.keys() if serving.get(k) != trained.get(k)
+        )
+        warnings[model.source] = (
+            f"router model {model.source} learned from a fast tier with "
+            + ", ".join(f"{k}={trained.get(k)}" for k in differs)
+            + "; this one has "
+            + ", ".join(f"{k}={serving.get(k)}" for k in differs)
+            + ": its scores no longer describe the serving tier; collect this tier's outcomes "
+            "and retrain (docs/fast-tier.md)"
+        )
+    return list(warnings.values())
+
+
 def _fast_spec(
     settings: EmbeddedSettings, full: VllmServerSpec, cpu_bind: str | None
 ) -> tuple[VllmServerSpec, str]:
@@ -44,18 +89,25 @@ def _fast_spec(
         port=settings.fast_port,
         cpu_bind=cpu_bind,
     )
+    ngram = ngram_speculation(
+        settings.speculative_tokens or 4, settings.ngram_min, settings.ngram_max
+    )
     if settings.fast_mode == "ngram":
-        return replace(base, speculative=NGRAM_SPECULATION), (
+        return replace(base, speculative=ngram), (
             f"the full-depth {DEFAULT_MODEL.name} with ngram speculative decoding (fast_mode: ngram)"
         )
     options = PruneOptions(settings.prune_remove, settings.prune_method, settings.heal_steps)
     pruned = provision_pruned(settings.home, settings.python, full.model_dir, options)
     if settings.fast_mode == "lossy":
-        return replace(base, model_dir=pruned, speculative=NGRAM_SPECULATION), (
+        return replace(base, model_dir=pruned, speculative=ngram), (
             f"{DEFAULT_MODEL.name} with {settings.prune_remove} layers pruned ({settings.prune_method}, "
             f"{settings.heal_steps} healing steps) and ngram speculative decoding (fast_mode: lossy)"
         )
-    draft = {"method": "draft_model", "model": str(pruned), "num_speculative_tokens": 3}
+    draft = {
+        "method": "draft_model",
+        "model": str(pruned),
+        "num_speculative_tokens": settings.speculative_tokens or 3,
+    }
     return replace(base, speculative=draft), (
         f"the full-depth {DEFAULT_MODEL.name} drafted by its {settings.prune_remove}-layer-pruned variant: "
         "greedy outputs match the full tier (fast_mode: lossless)"

@@ -39,7 +39,7 @@ class _Server(uvicorn.Server):
 async def _start_embedded(settings: Settings) -> tuple[Settings, Supervisor] | None:
     from backends.family import FamilyMismatch
     from backends.provision import ProvisionError
-    from gateway.embedded import build_stack
+    from gateway.embedded import build_stack, router_mismatches
 
     log.info(
         "no tiers configured: starting the embedded default stack under %s", settings.embedded.home
@@ -49,6 +49,8 @@ async def _start_embedded(settings: Settings) -> tuple[Settings, Supervisor] | N
     except (ProvisionError, FamilyMismatch) as exc:
         log.error("%s", exc)
         return None
+    for warning in router_mismatches(settings.router, settings.embedded):
+        log.warning("%s", warning)
     await stack.supervisor.start()
     return settings.model_copy(update={"tiers": stack.tiers}), stack.supervisor
 

@@ -135,7 +135,8 @@ class Prediction:
 class Classifier:
     """A trained model file, loaded once; ``predict`` is pure and deterministic."""
 
-    def __init__(self, spec: Mapping[str, Any]) -> None:
+    def __init__(self, spec: Mapping[str, Any], source: str = "") -> None:
+        self.source = source  # the file it came from, for messages
         if spec.get("format") != FORMAT:
             raise ValueError(
                 f"not a Gearshift router model (format {spec.get('format')!r}, want {FORMAT!r})"
@@ -165,7 +166,15 @@ class Classifier:
             ) from None
         except json.JSONDecodeError as exc:
             raise ValueError(f"router model {path} is not valid JSON: {exc}") from None
-        return cls(spec)
+        return cls(spec, str(path))
+
+    @property
+    def fast_tier(self) -> dict[str, Any] | None:
+        """The fast tier whose outcomes it learned from, when its training recorded it
+        (``training.fast_tier``: model, mode and pruning of the embedded stack)."""
+        training = self.spec.get("training")
+        tier = training.get("fast_tier") if isinstance(training, Mapping) else None
+        return dict(tier) if isinstance(tier, Mapping) else None
 
     def predict(
         self, body: Mapping[str, Any], session: SessionState | None = None, step: Step | None = None

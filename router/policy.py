@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from router.types import Decision, RouteRequest
@@ -25,6 +25,16 @@ class Policy(Protocol):
     def name(self) -> str: ...
 
     def decide(self, request: RouteRequest) -> Decision: ...
+
+
+def parts(policy: object) -> Iterator[object]:
+    """The policy and, depth first, everything it is built from: the policies it wraps and
+    the models it scores with. A policy built on others lists them in a ``parts()`` method."""
+    yield policy
+    inner = getattr(policy, "parts", None)
+    if callable(inner):
+        for part in inner():
+            yield from parts(part)
 
 
 PolicyFactory = Callable[[Mapping[str, Any]], Policy]

@@ -53,6 +53,9 @@ class Budget:
     name: str = "budget"
     _windows: dict[bool, Window] = field(default_factory=dict)
 
+    def parts(self) -> tuple[object, ...]:
+        return (self.scorer,)
+
     def decide(self, request: RouteRequest) -> Decision:
         scored = self.scorer.score(request)
         window = self._windows.get(bool(scored.regime))

@@ -76,6 +76,9 @@ class ClassifierPolicy:
     name: str = "classifier"
     sampled: Sampled | None = None
 
+    def parts(self) -> tuple[object, ...]:
+        return (self.model,) if self.sampled is None else (self.model, self.sampled.model)
+
     def score(self, request: RouteRequest) -> Scored:
         """The request scored by the model for its regime, with that model's threshold."""
         model, threshold, regime = self.model, self.threshold, ""

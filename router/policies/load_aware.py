@@ -48,6 +48,9 @@ class LoadAware:
         threshold = max(0.0, min(1.0, threshold))
         return threshold, (f" (adjusted: {'; '.join(notes)})" if notes else "")
 
+    def parts(self) -> tuple[object, ...]:
+        return (self.scorer,)
+
     def decide(self, request: RouteRequest) -> Decision:
         scored = self.scorer.score(request)
         threshold, note = self.adjust(request.load, scored.threshold)

@@ -40,6 +40,9 @@ class Rules:
     risk: Mapping[str, str] = field(default_factory=dict)
     name: str = "rules"
 
+    def parts(self) -> tuple[object, ...]:
+        return (self.base,)
+
     def decide(self, request: RouteRequest) -> Decision:
         features = analyse_request(request).features
         if self.risky_tools:

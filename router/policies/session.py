@@ -39,6 +39,9 @@ class Session:
     sticky: bool = True
     name: str = "session"
 
+    def parts(self) -> tuple[object, ...]:
+        return (self.base,)
+
     def decide(self, request: RouteRequest) -> Decision:
         state = request.session
         inner = self.base.decide(request)

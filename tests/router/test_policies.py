@@ -76,3 +76,27 @@ def test_prompt_features_cover_every_shape():
 
 def test_other_tier():
     assert Tier.FULL.other is Tier.FAST and Tier.FAST.other is Tier.FULL
+
+
+def test_parts_walks_wrapped_policies_down_to_their_models():
+    from router.classifier import Classifier
+    from router.policy import parts
+
+    chain = build_policy(
+        "session", {"base": "rules", "base_params": {"base": "load_aware", "base_params": {}}}
+    )
+    kinds = [type(p).__name__ for p in parts(chain)]
+    assert kinds == [
+        "Session",
+        "Rules",
+        "LoadAware",
+        "ClassifierPolicy",
+        "Classifier",
+        "Classifier",
+    ]
+    models = [p for p in parts(chain) if isinstance(p, Classifier)]
+    assert [m.source.rsplit("/", 1)[-1] for m in models] == [
+        "classifier.json",
+        "classifier-sampled.json",
+    ]
+    assert list(parts(build_policy("length_threshold"))) == [build_policy("length_threshold")]
