@@ -24,6 +24,7 @@ BASE_ENV: Mapping[str, str] = {
     "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
 }
 
+
 def ngram_speculation(tokens: int = 4, lookup_min: int = 2, lookup_max: int = 4) -> dict[str, Any]:
     """vLLM's ngram (prompt lookup) speculation: the next ``tokens`` tokens are drafted from
     the latest earlier occurrence of the last ``lookup_max``..``lookup_min`` tokens."""

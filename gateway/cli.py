@@ -104,21 +104,13 @@ def _weights(settings: Settings, spec: str | None) -> dict[str, float]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from datetime import UTC, datetime
-
     from gateway.export.formats import export
     from gateway.export.load import Filter
     from gateway.store.database import StoreError, make_engine, prepare_schema
 
     settings = _load(args.config)
     url = args.store or settings.store.url
-    since = None
-    if args.since:
-        try:
-            since = datetime.fromisoformat(args.since)
-        except ValueError:
-            raise SystemExit(f"gearshift: --since wants an ISO date, not {args.since!r}") from None
-        since = since if since.tzinfo else since.replace(tzinfo=UTC)
+    since = _since(args.since)
     try:
         prepare_schema(url, migrate=False)
     except StoreError as exc:
@@ -177,10 +169,33 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_router_train(args: argparse.Namespace) -> int:
+def _since(value: str | None) -> Any:
+    from datetime import UTC, datetime
+
+    if not value:
+        return None
+    try:
+        since = datetime.fromisoformat(value)
+    except ValueError:
+        raise SystemExit(f"gearshift: --since wants an ISO date, not {value!r}") from None
+    return since if since.tzinfo else since.replace(tzinfo=UTC)
+
+
+def _write_model(spec: dict[str, Any], out: Path) -> None:
     import json
     import os
 
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(spec, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, out)
+
+
+def cmd_router_train(args: argparse.Namespace) -> int:
+    if args.from_store == (args.examples is not None):
+        raise SystemExit("gearshift router train: give an examples file or --from-store (one)")
+    if args.from_store:
+        return _train_from_store(args)
     from router.dataset import ExamplesError, read_examples
     from router.training import fit
 
@@ -192,10 +207,7 @@ def cmd_router_train(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except (ExamplesError, ValueError, OSError) as exc:
         raise SystemExit(f"gearshift router train: {exc}") from None
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(spec, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, args.out)
+    _write_model(spec, args.out)
     t = spec["training"]
     print(
         f"trained on {t['examples']} examples ({t['positives']} need the full tier); "
@@ -203,6 +215,61 @@ def cmd_router_train(args: argparse.Namespace) -> int:
         f"threshold {spec['threshold']:.3f}; wrote {args.out}"
     )
     return 0
+
+
+def _train_from_store(args: argparse.Namespace) -> int:
+    from gateway.export.load import Filter
+    from gateway.export.routing import Counts, Options, logged_steps
+    from gateway.store.database import StoreError, make_engine, prepare_schema
+    from router.offpolicy import fit_logged
+
+    settings = _load(args.config)
+    url = args.store or settings.store.url
+    try:
+        prepare_schema(url, migrate=False)
+    except StoreError as exc:
+        raise SystemExit(f"gearshift: {exc}") from None
+    engine = make_engine(url)
+    counts = Counts()
+    flt = Filter(tenant=args.tenant, since=_since(args.since))
+    options = Options(args.escalation_reward, not args.no_session_rewards)
+    with engine.connect() as conn:
+        logged = list(logged_steps(conn, flt, _weights(settings, args.weights), options, counts))
+    engine.dispose()
+    print(
+        f"{counts.steps} steps in {counts.sessions} sessions: {len(logged)} routed "
+        f"({counts.escalated} escalated, counted as the fast tier's), {counts.pinned} pinned "
+        f"or unrouted, {counts.fallback} served by a fallback tier (left out)"
+    )
+    if logged and all(s.propensity >= 1.0 for s in logged):
+        print(
+            "warning: no step was explored (every propensity is 1): the log only shows the "
+            "tier the policy picked; set explore (e.g. 0.1) in the classifier's params"
+        )
+    meta = {"store": _redact(url), "tenant": args.tenant, "since": args.since}
+    try:
+        spec = fit_logged(
+            logged, cost=args.cost, quality_target=args.quality_target, bits=args.bits, meta=meta
+        )
+    except ValueError as exc:
+        raise SystemExit(f"gearshift router train: {exc}") from None
+    _write_model(spec, args.out)
+    t = spec["training"]
+    ips = t["ips"]
+    print(
+        f"trained on {t['steps']} logged steps ({t['full_steps']} on the full tier, effective "
+        f"sample size {t['effective_steps']}); estimated mean reward: always full "
+        f"{ips['always_full']:.3f}, always fast {ips['always_fast']:.3f}"
+        + (f", this model {ips['routed']:.3f}" if "routed" in ips else "")
+        + f"; threshold {spec['threshold']:.3f}; wrote {args.out}"
+    )
+    return 0
+
+
+def _redact(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
 
 
 def cmd_router_eval(args: argparse.Namespace) -> int:
@@ -241,7 +308,32 @@ def _router_parser(sub: Any) -> None:
     train = rt_sub.add_parser(
         "train", help="fit the classifier on labelled examples (JSON lines; docs/router.md)"
     )
-    train.add_argument("examples", type=Path, help="JSONL: {id, group, body, full, fast}")
+    train.add_argument(
+        "examples", type=Path, nargs="?", help="JSONL: {id, group, body, full, fast}"
+    )
+    store = train.add_argument_group(
+        "from the trajectory store",
+        "learn from routed steps and their rewards (one tier's outcome per step, weighted by "
+        "its propensity; docs/router.md)",
+    )
+    store.add_argument("--from-store", action="store_true", help="train on logged steps")
+    store.add_argument("--config", type=Path)
+    store.add_argument("--store", help="store URL (default: store.url of the configuration)")
+    store.add_argument("--tenant", help="only this tenant's sessions (default: all)")
+    store.add_argument("--since", help="only sessions started at or after this ISO date/time")
+    store.add_argument("--weights", help="override reward weights: name=w[,name=w]")
+    store.add_argument(
+        "--cost", type=float, default=0.0,
+        help="reward a full-tier step must earn over a fast one to be worth it",
+    )  # fmt: skip
+    store.add_argument(
+        "--escalation-reward", type=float, default=-1.0,
+        help="reward of a fast-tier answer that was escalated",
+    )  # fmt: skip
+    store.add_argument(
+        "--no-session-rewards", action="store_true",
+        help="leave session-scope rewards (outcome, api_correctness) out of the steps' rewards",
+    )  # fmt: skip
     train.add_argument("--out", type=Path, default=DEFAULT_MODEL, help="model file to write")
     train.add_argument("--bits", type=int, default=12, help="hashed n-gram buckets = 2**bits")
     train.add_argument(

@@ -79,15 +79,21 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return out
 
 
-def _fit_lr(x: np.ndarray, y: np.ndarray, l2: float, steps: int = 600) -> np.ndarray:
-    """Weights (bias last) minimizing mean log-loss + l2/2 |w|^2, by full-batch Adam."""
+def _fit_lr(
+    x: np.ndarray, y: np.ndarray, l2: float, steps: int = 600, weights: np.ndarray | None = None
+) -> np.ndarray:
+    """Weights (bias last) minimizing mean weighted log-loss + l2/2 |w|^2, by full-batch
+    Adam; without ``weights`` the two classes weigh the same in total."""
     xb = np.hstack([x, np.ones((len(x), 1))])
     w = np.zeros(xb.shape[1])
     m = np.zeros_like(w)
     v = np.zeros_like(w)
-    pos = max(1.0, float(y.sum()))
-    neg = max(1.0, float(len(y) - y.sum()))
-    sample_w = np.where(y > 0, len(y) / (2 * pos), len(y) / (2 * neg))  # balanced classes
+    if weights is None:
+        pos = max(1.0, float(y.sum()))
+        neg = max(1.0, float(len(y) - y.sum()))
+        sample_w = np.where(y > 0, len(y) / (2 * pos), len(y) / (2 * neg))  # balanced classes
+    else:
+        sample_w = weights * (len(weights) / weights.sum())
     for t in range(1, steps + 1):
         p = _sigmoid(xb @ w)
         grad = xb.T @ ((p - y) * sample_w) / len(y)
@@ -102,6 +108,72 @@ def _design(
     dense: np.ndarray, hashed: np.ndarray, mean: np.ndarray, scale: np.ndarray
 ) -> np.ndarray:
     return np.hstack([np.clip((dense - mean) / scale, -CLIP, CLIP), hashed])
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A logistic regression over the router's features, before a threshold is chosen."""
+
+    spec: dict[str, Any]  # format, hash bits, weights, standardization
+    train_scores: np.ndarray  # P(label 1) of each training example
+    l2: float
+    cv: dict[float, float]  # L2 strength -> cross-validated criterion (higher is better)
+
+
+def fit_labels(
+    examples: Sequence[Example],
+    y: np.ndarray,
+    weights: np.ndarray | None = None,
+    *,
+    bits: int = 12,
+    l2_grid: Sequence[float] = (0.3, 0.1, 0.03, 0.01, 0.003),
+    folds: int = 5,
+    seed: int = 0,
+) -> Fitted:
+    """Fit on given 0/1 labels. Unweighted: classes balanced, L2 strength by stratified
+    k-fold AUC. Weighted (``weights`` per example, e.g. importance weights of logged
+    steps): L2 strength by k-fold weighted log-likelihood."""
+    dense, hashed = featurize(examples, bits)
+    mean = dense.mean(axis=0)
+    scale = dense.std(axis=0)
+    scale[scale < 1e-9] = 1.0
+    x = _design(dense, hashed, mean, scale)
+
+    rng = np.random.default_rng(seed)
+    fold_of = np.empty(len(y), dtype=int)
+    for cls in (0.0, 1.0):  # stratified folds
+        idx = np.flatnonzero(y == cls)
+        rng.shuffle(idx)
+        fold_of[idx] = np.arange(len(idx)) % folds
+    cv: dict[float, float] = {}
+    for l2 in l2_grid if len(l2_grid) > 1 else ():  # one strength: nothing to choose
+        scores = np.zeros(len(y))
+        for k in range(folds):
+            train = fold_of != k
+            part = None if weights is None else weights[train]
+            w = _fit_lr(x[train], y[train], l2, weights=part)
+            scores[~train] = _sigmoid(x[~train] @ w[:-1] + w[-1])
+        if weights is None:
+            cv[l2] = auc(scores.tolist(), y.astype(int).tolist())
+        else:
+            p = np.clip(scores, 1e-6, 1 - 1e-6)
+            ll = y * np.log(p) + (1 - y) * np.log(1 - p)
+            cv[l2] = float((weights * ll).sum() / weights.sum())
+    best = max(l2_grid, key=lambda l2: (round(cv.get(l2, 0.0), 4), l2))  # ties: stronger prior
+    w = _fit_lr(x, y, best, weights=weights)
+    d = len(DENSE)
+    spec = {
+        "format": FORMAT,
+        "hash_bits": bits,
+        "bias": float(w[-1]),
+        "dense_weights": {k: round(float(w[i]), 6) for i, k in enumerate(DENSE)},
+        "dense_mean": {k: round(float(mean[i]), 6) for i, k in enumerate(DENSE)},
+        "dense_scale": {k: round(float(scale[i]), 6) for i, k in enumerate(DENSE)},
+        "hashed_weights": {
+            str(i): round(float(w[d + i]), 6) for i in range(1 << bits) if abs(w[d + i]) > 1e-4
+        },
+    }
+    return Fitted(spec, _sigmoid(x @ w[:-1] + w[-1]), best, cv)
 
 
 def fit(
@@ -122,49 +194,17 @@ def fit(
             f"too few examples of one class to train ({int(y.sum())} need the full tier, "
             f"{int(len(y) - y.sum())} do not); collect more outcomes"
         )
-    dense, hashed = featurize(examples, bits)
-    mean = dense.mean(axis=0)
-    scale = dense.std(axis=0)
-    scale[scale < 1e-9] = 1.0
-    x = _design(dense, hashed, mean, scale)
-
-    rng = np.random.default_rng(seed)
-    fold_of = np.empty(len(y), dtype=int)
-    for cls in (0.0, 1.0):  # stratified folds
-        idx = np.flatnonzero(y == cls)
-        rng.shuffle(idx)
-        fold_of[idx] = np.arange(len(idx)) % folds
-    cv: dict[float, float] = {}
-    for l2 in l2_grid:
-        scores = np.zeros(len(y))
-        for k in range(folds):
-            train = fold_of != k
-            w = _fit_lr(x[train], y[train], l2)
-            scores[~train] = _sigmoid(x[~train] @ w[:-1] + w[-1])
-        cv[l2] = auc(scores.tolist(), y.astype(int).tolist())
-    best = max(l2_grid, key=lambda l2: (round(cv[l2], 4), l2))  # ties: the stronger prior
-    w = _fit_lr(x, y, best)
-    train_scores = _sigmoid(x @ w[:-1] + w[-1])
-
-    d = len(DENSE)
-    threshold = _threshold_for(train_scores, examples, quality_target)
+    fitted = fit_labels(examples, y, bits=bits, l2_grid=l2_grid, folds=folds, seed=seed)
+    threshold = _threshold_for(fitted.train_scores, examples, quality_target)
     return {
-        "format": FORMAT,
+        **fitted.spec,
         "label": f"full score - fast score > {margin}",
-        "hash_bits": bits,
-        "bias": float(w[-1]),
-        "dense_weights": {k: round(float(w[i]), 6) for i, k in enumerate(DENSE)},
-        "dense_mean": {k: round(float(mean[i]), 6) for i, k in enumerate(DENSE)},
-        "dense_scale": {k: round(float(scale[i]), 6) for i, k in enumerate(DENSE)},
-        "hashed_weights": {
-            str(i): round(float(w[d + i]), 6) for i in range(1 << bits) if abs(w[d + i]) > 1e-4
-        },
         "threshold": threshold,  # not rounded: rounding up would exclude the step it came from
         "training": {
             "examples": len(examples),
             "positives": int(y.sum()),
-            "l2": best,
-            "cv_auc": {str(k): round(v, 4) for k, v in cv.items()},
+            "l2": fitted.l2,
+            "cv_auc": {str(k): round(v, 4) for k, v in fitted.cv.items()},
             "quality_target": quality_target,
             **dict(meta or {}),
         },

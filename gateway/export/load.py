@@ -34,6 +34,8 @@ class Step:
     policy: str | None
     rewards: dict[str, float] = field(default_factory=dict)
     reward: float = 0.0  # combined, step scope
+    escalated: bool = False  # the routed fast-tier answer failed validation; full answered
+    fallback: bool = False  # served by another tier than the one chosen (it was down)
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -136,6 +138,7 @@ def _load(
                 logprobs=codec.unpack_floats(m["logprobs"]), finish_reason=m["finish_reason"],
                 status=m["status"], rewritten=m["rewritten"], propensity=m["propensity"],
                 policy=m["policy"], rewards=comps, reward=combined(comps.items(), weights),
+                escalated=m["escalated"], fallback=m["fallback"],
             )
         )  # fmt: skip
     calls = [

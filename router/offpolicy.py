@@ -1,0 +1,152 @@
+"""Training the classifier from logged routing decisions (offline; needs numpy).
+
+A logged step carries one tier's outcome only: the tier the policy chose, the probability it
+gave that choice (propensity) and the reward the step earned. Which tier a step *needed* is
+never observed directly, so the labels of ``router.training`` cannot be formed. Instead the
+two-action case reduces to weighted classification (the offset trick of Beygelzimer and
+Langford's offset tree, arXiv 0812.4044): with ``b`` the mean reward and the full tier's
+reward lowered by ``cost`` (what a full-tier step must earn over a fast one to be worth it),
+
+* a full-tier step that earned more than ``b`` says "full": label 1,
+* a fast-tier step that earned more than ``b`` says "fast": label 0,
+* a step that earned less says the other tier: the opposite label,
+
+each weighted by ``|reward - b| / propensity``. Minimizing the weighted error is then
+minimizing the regret of the routing rule, without bias as long as every tier had a chance on
+every kind of step (the ``explore`` parameter of the classifier policy gives it).
+
+The threshold is chosen like the full-information one: the highest whose routing recovers
+``quality_target`` of the full tier's reward advantage, with rewards estimated from the log by
+self-normalized inverse propensity scoring (``ips``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from router.training import Example, fit_labels
+from router.types import Tier
+
+
+@dataclass(frozen=True)
+class Logged:
+    id: str
+    body: Mapping[str, Any]
+    tier: Tier  # the tier the policy chose
+    propensity: float  # the probability it gave that choice, in (0, 1]
+    reward: float
+    group: str = ""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    value: float  # self-normalized IPS estimate of the mean reward
+    matched: int  # logged steps where the evaluated routing agrees with the log
+
+
+def ips(logged: Sequence[Logged], full: np.ndarray) -> Estimate:
+    """The mean reward routing ``full[i]`` (True: full tier) would have earned on the
+    logged steps, from the steps where it agrees with the log, weighted 1/propensity."""
+    chosen = np.array([s.tier is Tier.FULL for s in logged])
+    agree = chosen == full
+    w = np.array([1.0 / s.propensity for s in logged]) * agree
+    r = np.array([s.reward for s in logged])
+    total = float(w.sum())
+    return Estimate(float((w * r).sum() / total) if total else float("nan"), int(agree.sum()))
+
+
+def reduce(logged: Sequence[Logged], cost: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """Labels (1: the full tier), weights and the baseline of the weighted-classification
+    reduction (module docstring)."""
+    reward = np.array([s.reward - (cost if s.tier is Tier.FULL else 0.0) for s in logged])
+    baseline = float(reward.mean())
+    full = np.array([s.tier is Tier.FULL for s in logged])
+    better = reward > baseline
+    y = np.where(full == better, 1.0, 0.0)
+    weights = np.abs(reward - baseline) / np.array([s.propensity for s in logged])
+    return y, weights, baseline
+
+
+def check(logged: Sequence[Logged]) -> None:
+    for s in logged:
+        if not 0.0 < s.propensity <= 1.0:
+            raise ValueError(f"step {s.id}: propensity {s.propensity} is not in (0, 1]")
+    tiers = {s.tier for s in logged}
+    if tiers != {Tier.FULL, Tier.FAST}:
+        have = ", ".join(sorted(t.value for t in tiers)) or "none"
+        raise ValueError(
+            f"the log needs steps of both tiers to compare them (it has: {have}); "
+            "let the policy explore (classifier param explore: 0.1)"
+        )
+
+
+def choose_threshold(
+    logged: Sequence[Logged], scores: np.ndarray, quality_target: float
+) -> tuple[float, dict[str, float]]:
+    """The highest threshold whose routing reaches ``quality_target`` of the full tier's
+    estimated advantage over the fast tier; 1.0 (never full) when it has none."""
+    n = len(logged)
+    always_full = ips(logged, np.ones(n, dtype=bool)).value
+    always_fast = ips(logged, np.zeros(n, dtype=bool)).value
+    gap = always_full - always_fast
+    figures = {"always_full": always_full, "always_fast": always_fast}
+    if not gap > 0:
+        return 1.0, figures
+    for t in sorted({float(x) for x in scores}, reverse=True):
+        value = ips(logged, scores >= t).value
+        if value - always_fast >= quality_target * gap - 1e-12:
+            figures["routed"] = value
+            return t, figures
+    return 0.0, figures
+
+
+def fit_logged(
+    logged: Sequence[Logged],
+    *,
+    cost: float = 0.0,
+    quality_target: float = 0.9,
+    bits: int = 12,
+    l2_grid: Sequence[float] = (0.3, 0.1, 0.03, 0.01, 0.003),
+    folds: int = 5,
+    seed: int = 0,
+    meta: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Train on logged steps and return a model spec ``router.classifier`` loads."""
+    check(logged)
+    y, weights, baseline = reduce(logged, cost)
+    if y.sum() < folds or (len(y) - y.sum()) < folds:
+        raise ValueError(
+            f"too few logged steps pointing each way to train ({int(y.sum())} towards the "
+            f"full tier, {int(len(y) - y.sum())} towards the fast tier); log more steps"
+        )
+    if not weights.sum() > 0:
+        raise ValueError("every logged step earned the same reward: nothing to learn from")
+    examples = [Example(s.id, s.body, 0.0, 0.0, s.group) for s in logged]
+    fitted = fit_labels(examples, y, weights, bits=bits, l2_grid=l2_grid, folds=folds, seed=seed)
+    threshold, figures = choose_threshold(logged, fitted.train_scores, quality_target)
+    propensities = np.array([s.propensity for s in logged])
+    inv = 1.0 / propensities
+    return {
+        **fitted.spec,
+        "label": f"logged reward, full tier's lowered by {cost}: weighted offset reduction",
+        "threshold": threshold,
+        "training": {
+            "source": "logged steps",
+            "steps": len(logged),
+            "full_steps": int(sum(s.tier is Tier.FULL for s in logged)),
+            "explored_steps": int((propensities < 1.0).sum()),
+            # Kish's effective sample size of the importance weights
+            "effective_steps": round(float(inv.sum() ** 2 / (inv**2).sum()), 1),
+            "baseline_reward": round(baseline, 6),
+            "ips": {k: round(v, 6) for k, v in figures.items()},
+            "cost": cost,
+            "l2": fitted.l2,
+            "cv_weighted_log_likelihood": {str(k): round(v, 4) for k, v in fitted.cv.items()},
+            "quality_target": quality_target,
+            **dict(meta or {}),
+        },
+    }

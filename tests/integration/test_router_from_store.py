@@ -1,0 +1,95 @@
+"""`gearshift router train --from-store`: a policy that explores logs its choices through the
+gateway into the store, a client grades the answers with feedback, and the command learns
+from that log which requests need the full tier."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from router.classifier import Classifier
+from tests.support.fake_upstream import Behaviour, FakeUpstream
+from tests.support.tools import WEATHER_TOOLS
+
+EXPLORING = {"policy": "classifier", "params": {"explore": 0.3, "sampled_model": None}}
+GEARSHIFT = str(Path(sys.executable).with_name("gearshift"))
+
+
+def ask(stack, content: str, session: str, model: str = "auto", **extra) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+    r = httpx.post(stack.url + "/v1/chat/completions", json=body, headers={"x-session-id": session})
+    assert r.status_code == 200, r.text
+    return r
+
+
+def grade(stack, r: httpx.Response, score: float) -> None:
+    step = r.headers["x-gearshift-step-id"]
+    fb = httpx.post(stack.url + "/v1/feedback", json={"step_id": step, "score": score})
+    assert fb.status_code == 201, fb.text
+
+
+def train(store_url: str, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [GEARSHIFT, "router", "train", "--from-store", "--store", store_url, "--out", str(out),
+         "--weights", "user_feedback=1,truncated=0,failed=0,tool_call_valid=0", *extra],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_learns_from_explored_steps_and_their_feedback(make_stack, tmp_path: Path):
+    bad_call = {"id": "c1", "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"town": 3}'}}  # fmt: skip
+    fast = FakeUpstream("fast").then(
+        Behaviour(message={"role": "assistant", "content": None, "tool_calls": [bad_call]})
+    )
+    stack = make_stack([FakeUpstream("full")], [fast], router=EXPLORING)
+    escalated = ask(stack, "weather in Paris?", "tools", tools=WEATHER_TOOLS)
+    assert "escalated to full" in escalated.headers["x-gearshift-route-reason"]
+    grade(stack, ask(stack, "anything", "pinned", model="full"), 1.0)  # no routing decision
+    tiers = {"full": 0, "fast": 0}
+    for i in range(60):
+        # The client's grader: proofs need the full tier, greetings do not.
+        hard = i % 2 == 0
+        text = f"prove that lemma {i} holds for every graph" if hard else f"say hi to guest {i}"
+        r = ask(stack, text, f"s{i}")
+        tier = r.headers["x-gearshift-tier"]
+        tiers[tier] += 1
+        grade(stack, r, 1.0 if tier == "full" or not hard else 0.0)
+    assert min(tiers.values()) >= 10  # explore sent some of each kind both ways
+
+    out = tmp_path / "router.json"
+    done = train(stack.store_url, out)
+    assert done.returncode == 0, done.stderr
+    assert "62 steps in 62 sessions: 61 routed (1 escalated" in done.stdout
+    assert "1 pinned or unrouted" in done.stdout and "warning" not in done.stdout
+    spec = json.loads(out.read_text())
+    t = spec["training"]
+    assert (t["steps"], t["explored_steps"], t["source"]) == (61, 61, "logged steps")
+    assert t["ips"]["always_full"] > t["ips"]["always_fast"]
+    model = Classifier.load(out)
+
+    def p(text: str) -> float:
+        return model.predict({"messages": [{"role": "user", "content": text}]}).probability
+
+    assert (
+        p("prove that lemma 99 holds for every graph") > model.threshold > p("say hi to guest 99")
+    )
+
+
+def test_refuses_a_log_without_both_tiers_and_says_why(make_stack, tmp_path: Path):
+    stack = make_stack(
+        [FakeUpstream("full")], [FakeUpstream("fast")], router={"policy": "always_fast"}
+    )
+    for i in range(3):
+        grade(stack, ask(stack, f"hello {i}", f"s{i}"), 1.0)
+    done = train(stack.store_url, tmp_path / "router.json")
+    assert done.returncode == 1
+    assert "warning: no step was explored" in done.stdout
+    assert "needs steps of both tiers" in done.stderr and "explore" in done.stderr
+    assert not (tmp_path / "router.json").exists()
+    neither = subprocess.run([GEARSHIFT, "router", "train"], capture_output=True, text=True)
+    assert neither.returncode == 1 and "examples file or --from-store" in neither.stderr

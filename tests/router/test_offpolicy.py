@@ -1,0 +1,100 @@
+"""Training the router from logged steps: the reduction, the estimates, and that it learns."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from router.classifier import Classifier
+from router.offpolicy import Logged, choose_threshold, fit_logged, ips, reduce
+from router.types import Tier
+
+FULL, FAST = Tier.FULL, Tier.FAST
+
+
+def step(tier: Tier, reward: float, propensity: float = 0.5, text: str = "x") -> Logged:
+    body = {"messages": [{"role": "user", "content": text}]}
+    return Logged(f"{text}-{tier.value}-{reward}", body, tier, propensity, reward)
+
+
+def test_reduction_labels_point_to_the_tier_that_did_better_than_the_mean():
+    log = [step(FULL, 1.0, 0.8), step(FULL, 0.0, 0.2), step(FAST, 1.0, 0.5), step(FAST, 0.0, 0.25)]
+    y, w, baseline = reduce(log, cost=0.0)
+    assert baseline == 0.5
+    # full won: full; full lost: fast; fast won: fast; fast lost: full
+    assert y.tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert w.tolist() == pytest.approx([0.5 / 0.8, 0.5 / 0.2, 0.5 / 0.5, 0.5 / 0.25])
+    # the full tier's cost lowers its rewards before the comparison
+    y, _, baseline = reduce([step(FULL, 1.0), step(FAST, 0.9)], cost=0.2)
+    assert baseline == pytest.approx(0.85) and y.tolist() == [0.0, 0.0]
+
+
+def test_ips_reweights_the_agreeing_steps():
+    log = [step(FULL, 1.0, 0.5), step(FAST, 0.0, 0.25), step(FAST, 1.0, 1.0)]
+    everything_full = ips(log, np.array([True, True, True]))
+    assert everything_full.value == 1.0 and everything_full.matched == 1
+    # agreeing steps 2 and 3 weigh 4 and 1
+    assert ips(log, np.array([True, False, False])).value == pytest.approx(
+        (2 * 1 + 4 * 0 + 1 * 1) / 7
+    )
+    assert np.isnan(ips(log[:1], np.array([False])).value)
+
+
+def test_no_advantage_for_the_full_tier_means_never_full():
+    log = [step(FULL, 0.0), step(FAST, 1.0), step(FULL, 0.5), step(FAST, 0.5)]
+    threshold, figures = choose_threshold(log, np.array([0.9, 0.1, 0.8, 0.2]), 0.9)
+    assert threshold == 1.0 and figures["always_fast"] > figures["always_full"]
+
+
+@pytest.mark.parametrize(
+    ("log", "message"),
+    [
+        ([step(FULL, 1.0), step(FULL, 0.0)], "needs steps of both tiers"),
+        ([step(FULL, 1.0, 0.0), step(FAST, 0.0)], "propensity 0.0 is not in"),
+        ([step(FULL, 1.0), step(FAST, 1.0)] * 6, "every logged step earned the same reward"),
+        ([step(FULL, 1.0), step(FAST, 0.0)] * 2, "too few logged steps pointing each way"),
+    ],
+)
+def test_logs_it_cannot_learn_from_are_refused(log, message):
+    with pytest.raises(ValueError, match=message):
+        fit_logged(log)
+
+
+def synthetic_log(n: int, explore: float, seed: int) -> list[Logged]:
+    """Arithmetic questions need the full tier (it answers them, the fast tier does not);
+    chit-chat both answer. The logging policy sends everything fast but explores."""
+    rng = random.Random(seed)
+    log = []
+    for i in range(n):
+        hard = rng.random() < 0.4
+        text = f"compute {i} * {i + 7} - 3 exactly" if hard else f"say hello to friend number {i}"
+        flip = rng.random() < explore
+        tier = FULL if flip else FAST
+        reward = 1.0 if (tier is FULL or not hard) else 0.0
+        log.append(step(tier, reward, explore if flip else 1 - explore, text))
+    return log
+
+
+def test_it_learns_which_steps_need_the_full_tier_from_exploration_alone():
+    log = synthetic_log(400, explore=0.3, seed=1)
+    spec = fit_logged(log, cost=0.1, bits=8, l2_grid=(0.03, 0.003), folds=3, meta={"from": "test"})
+    model = Classifier(spec)
+    hard = model.predict(
+        {"messages": [{"role": "user", "content": "compute 900 * 907 - 3 exactly"}]}
+    )
+    easy = model.predict(
+        {"messages": [{"role": "user", "content": "say hello to friend number 900"}]}
+    )
+    assert hard.probability >= spec["threshold"] > easy.probability
+    t = spec["training"]
+    assert t["steps"] == 400 and t["explored_steps"] == 400 and t["full_steps"] > 50
+    assert t["ips"]["always_full"] == pytest.approx(1.0) and t["ips"]["always_fast"] < 0.75
+    assert (
+        t["ips"]["routed"] >= t["ips"]["always_fast"] + 0.9 * (1.0 - t["ips"]["always_fast"]) - 1e-9
+    )
+    assert 0 < t["effective_steps"] < 400 and t["from"] == "test"
+    assert set(t["cv_weighted_log_likelihood"]) == {"0.03", "0.003"}
+    again = fit_logged(log, cost=0.1, bits=8, l2_grid=(0.03, 0.003), folds=3, meta={"from": "test"})
+    assert again == spec  # deterministic
