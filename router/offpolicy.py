@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from router.training import Example, fit_labels
+from router.training import DEFAULT_L2_GRID, Example, fit_labels
 from router.types import Tier
 
 
@@ -88,20 +88,36 @@ def choose_threshold(
     logged: Sequence[Logged], scores: np.ndarray, quality_target: float
 ) -> tuple[float, dict[str, float]]:
     """The highest threshold whose routing reaches ``quality_target`` of the full tier's
-    estimated advantage over the fast tier; 1.0 (never full) when it has none."""
-    n = len(logged)
-    always_full = ips(logged, np.ones(n, dtype=bool)).value
-    always_fast = ips(logged, np.zeros(n, dtype=bool)).value
-    gap = always_full - always_fast
+    estimated advantage over the fast tier; 1.0 (never full) when it has none.
+
+    Lowering the threshold past one more score sends that step to the full tier, so the
+    estimate of every threshold comes from running sums over the steps by falling score."""
+    full = np.array([s.tier is Tier.FULL for s in logged])
+    w = np.array([1.0 / s.propensity for s in logged])
+    wr = w * np.array([s.reward for s in logged])
+    order = np.argsort(-scores, kind="stable")
+    zero = np.zeros(1)
+    # after the first k steps (by score) go full: agreeing weight and weighted reward
+    num_full = np.concatenate([zero, np.cumsum((wr * full)[order])])
+    den_full = np.concatenate([zero, np.cumsum((w * full)[order])])
+    num_fast = np.concatenate([zero, np.cumsum((wr * ~full)[order])])
+    den_fast = np.concatenate([zero, np.cumsum((w * ~full)[order])])
+    num = num_full + (num_fast[-1] - num_fast)
+    den = den_full + (den_fast[-1] - den_fast)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        value = num / den
+    always_fast, always_full = float(value[0]), float(value[-1])
     figures = {"always_full": always_full, "always_fast": always_fast}
-    if not gap > 0:
+    if not always_full - always_fast > 0:
         return 1.0, figures
-    for t in sorted({float(x) for x in scores}, reverse=True):
-        value = ips(logged, scores >= t).value
-        if value - always_fast >= quality_target * gap - 1e-12:
-            figures["routed"] = value
-            return t, figures
-    return 0.0, figures
+    ranked = scores[order]
+    target = always_fast + quality_target * (always_full - always_fast) - 1e-12
+    for k in range(1, len(ranked) + 1):
+        # a threshold can only fall between different scores
+        if (k == len(ranked) or ranked[k] < ranked[k - 1]) and value[k] >= target:
+            figures["routed"] = float(value[k])
+            return float(ranked[k - 1]), figures
+    return 0.0, figures  # not reached: k = n routes everything full
 
 
 def fit_logged(
@@ -110,7 +126,7 @@ def fit_logged(
     cost: float = 0.0,
     quality_target: float = 0.9,
     bits: int = 12,
-    l2_grid: Sequence[float] = (0.3, 0.1, 0.03, 0.01, 0.003),
+    l2_grid: Sequence[float] = DEFAULT_L2_GRID,
     folds: int = 5,
     seed: int = 0,
     meta: Mapping[str, Any] | None = None,

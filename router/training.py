@@ -28,6 +28,7 @@ from router.evaluation import auc, routing_curve
 from router.types import SessionState
 
 DEFAULT_MARGIN = 0.25
+DEFAULT_L2_GRID = (0.3, 0.1, 0.03, 0.01, 0.003)
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def fit_labels(
     weights: np.ndarray | None = None,
     *,
     bits: int = 12,
-    l2_grid: Sequence[float] = (0.3, 0.1, 0.03, 0.01, 0.003),
+    l2_grid: Sequence[float] = DEFAULT_L2_GRID,
     folds: int = 5,
     seed: int = 0,
 ) -> Fitted:
@@ -181,7 +182,7 @@ def fit(
     *,
     bits: int = 12,
     margin: float = DEFAULT_MARGIN,
-    l2_grid: Sequence[float] = (0.3, 0.1, 0.03, 0.01, 0.003),
+    l2_grid: Sequence[float] = DEFAULT_L2_GRID,
     folds: int = 5,
     quality_target: float = 0.9,
     seed: int = 0,

@@ -98,3 +98,19 @@ def test_it_learns_which_steps_need_the_full_tier_from_exploration_alone():
     assert set(t["cv_weighted_log_likelihood"]) == {"0.03", "0.003"}
     again = fit_logged(log, cost=0.1, bits=8, l2_grid=(0.03, 0.003), folds=3, meta={"from": "test"})
     assert again == spec  # deterministic
+
+
+def test_threshold_search_matches_evaluating_every_threshold():
+    rng = random.Random(3)
+    tiers = [rng.choice([FULL, FAST]) for _ in range(200)]
+    log = [step(t, rng.choice([0.5, 1.0] if t is FULL else [0.0, 0.5, 1.0]), rng.choice([0.1, 0.9]))
+           for t in tiers]  # fmt: skip
+    scores = np.array([round(rng.random(), 2) for _ in log])  # ties on purpose
+    threshold, figures = choose_threshold(log, scores, 0.8)
+    n = len(log)
+    full, fast = ips(log, np.ones(n, dtype=bool)).value, ips(log, np.zeros(n, dtype=bool)).value
+    assert (figures["always_full"], figures["always_fast"]) == pytest.approx((full, fast))
+    reaching = [t for t in sorted(set(scores.tolist()), reverse=True)
+                if ips(log, scores >= t).value >= fast + 0.8 * (full - fast) - 1e-12]  # fmt: skip
+    assert full > fast and threshold == reaching[0]
+    assert figures["routed"] == pytest.approx(ips(log, scores >= threshold).value)
