@@ -84,7 +84,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     except StoreError as exc:
         raise SystemExit(f"gearshift: {exc}") from None
     engine = make_engine(url)
-    flt = Filter(tenant=args.tenant, since=since, min_reward=args.min_reward)
+    until = parse_when(args.until, "--until")
+    flt = Filter(tenant=args.tenant, since=since, until=until, min_reward=args.min_reward)
     summary = export(engine, args.format, args.out, flt, reward_weights(settings, args.weights))
     engine.dispose()
     print(f"wrote {summary.rows} rows from {summary.sessions} sessions to {args.out}")
@@ -175,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--format", required=True, choices=sorted(FORMATS))
     exp.add_argument("--tenant", help="only this tenant's sessions (default: all)")
     exp.add_argument("--since", help="only sessions started at or after this ISO date/time")
+    exp.add_argument("--until", help="only sessions started before this ISO date/time")
     exp.add_argument("--min-reward", type=float, help="only sessions whose combined reward >= X")
     exp.add_argument("--weights", help="override reward weights: name=w[,name=w]")
     exp.add_argument("--config", type=Path)

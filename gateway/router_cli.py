@@ -46,12 +46,11 @@ def cmd_router_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_from_store(args: argparse.Namespace) -> int:
+def _read_log(args: argparse.Namespace) -> tuple[list[Any], str]:
+    """The routed steps the options select, oldest first, and the store URL (redacted)."""
     from gateway.export.load import Filter
     from gateway.export.routing import Counts, Options, logged_steps
     from gateway.store.database import StoreError, make_engine, prepare_schema
-    from router.offpolicy import fit_logged
-    from router.training import DEFAULT_L2_GRID
 
     settings = load_config(args.config)
     url = args.store or settings.store.url
@@ -61,7 +60,9 @@ def _train_from_store(args: argparse.Namespace) -> int:
         raise SystemExit(f"gearshift: {exc}") from None
     engine = make_engine(url)
     counts = Counts()
-    flt = Filter(tenant=args.tenant, since=parse_when(args.since))
+    flt = Filter(
+        tenant=args.tenant, since=parse_when(args.since), until=parse_when(args.until, "--until")
+    )
     options = Options(args.escalation_reward, not args.no_session_rewards)
     with engine.connect() as conn:
         logged = list(
@@ -74,14 +75,22 @@ def _train_from_store(args: argparse.Namespace) -> int:
         f"or unrouted, {counts.fallback} served by a fallback tier (left out)"
     )
     if len(logged) > args.max_steps:
-        print(f"training on the latest {args.max_steps} of them (--max-steps)")
+        print(f"using the latest {args.max_steps} of them (--max-steps)")
         logged = logged[-args.max_steps :]
     if logged and all(s.propensity >= 1.0 for s in logged):
         print(
             "warning: no step was explored (every propensity is 1): the log only shows the "
             "tier the policy picked; set explore (e.g. 0.1) in the classifier's params"
         )
-    meta = {"store": _redact(url), "tenant": args.tenant, "since": args.since}
+    return logged, _redact(url)
+
+
+def _train_from_store(args: argparse.Namespace) -> int:
+    from router.offpolicy import fit_logged
+    from router.training import DEFAULT_L2_GRID
+
+    logged, url = _read_log(args)
+    meta = {"store": url, "tenant": args.tenant, "since": args.since, "until": args.until}
     try:
         grid = DEFAULT_L2_GRID if args.l2 is None else (args.l2,)
         spec = fit_logged(
@@ -109,8 +118,36 @@ def _redact(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
+def _eval_from_store(args: argparse.Namespace) -> int:
+    import json
+
+    from router.classifier import Classifier
+    from router.offpolicy import check, evaluate
+
+    logged, _ = _read_log(args)
+    try:
+        check(logged)
+        model = Classifier.load(args.model)
+        report = evaluate(model, logged, args.threshold)
+    except ValueError as exc:
+        raise SystemExit(f"gearshift router eval: {exc}") from None
+    print(f"estimated mean reward per step ({report['steps']} logged steps, effective sample "
+          f"size {report['effective_steps']}):")  # fmt: skip
+    for name, label in (("logged", "the policy that logged them"), ("model", f"{args.model.name} at "
+                        f"{report['threshold']:.3f} ({report['full_share']:.0%} full)"),
+                        ("always_full", "always full"), ("always_fast", "always fast")):  # fmt: skip
+        print(f"  {report[name]:8.4f}  {label}")
+    print(json.dumps(report))
+    return 0
+
+
 def cmd_router_eval(args: argparse.Namespace) -> int:
     import json
+
+    if args.from_store == (args.examples is not None):
+        raise SystemExit("gearshift router eval: give an examples file or --from-store (one)")
+    if args.from_store:
+        return _eval_from_store(args)
 
     from router.classifier import Classifier
     from router.dataset import ExamplesError, read_examples
@@ -137,6 +174,34 @@ def cmd_router_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _store_options(parser: argparse.ArgumentParser, what: str) -> None:
+    store = parser.add_argument_group(
+        "from the trajectory store",
+        "routed steps and their rewards: one tier's outcome per step, weighted by its "
+        "propensity (docs/router.md)",
+    )
+    store.add_argument("--from-store", action="store_true", help=what)
+    store.add_argument("--config", type=Path)
+    store.add_argument("--store", help="store URL (default: store.url of the configuration)")
+    store.add_argument("--tenant", help="only this tenant's sessions (default: all)")
+    store.add_argument("--since", help="only sessions started at or after this ISO date/time")
+    store.add_argument("--until", help="only sessions started before this ISO date/time")
+    store.add_argument("--weights", help="override reward weights: name=w[,name=w]")
+    store.add_argument(
+        "--escalation-reward", type=float, default=-1.0,
+        help="reward of a fast-tier answer that was escalated",
+    )  # fmt: skip
+    store.add_argument(
+        "--max-steps", type=int, default=20_000,
+        help="the latest N routed steps (training memory grows with N: about 0.1 GB per 1,000 "
+        "at --bits 12)",
+    )  # fmt: skip
+    store.add_argument(
+        "--no-session-rewards", action="store_true",
+        help="leave session-scope rewards (outcome, api_correctness) out of the steps' rewards",
+    )  # fmt: skip
+
+
 def add_parser(sub: Any) -> None:
     from router.classifier import DEFAULT_MODEL
 
@@ -148,37 +213,15 @@ def add_parser(sub: Any) -> None:
     train.add_argument(
         "examples", type=Path, nargs="?", help="JSONL: {id, group, body, full, fast}"
     )
-    store = train.add_argument_group(
-        "from the trajectory store",
-        "learn from routed steps and their rewards (one tier's outcome per step, weighted by "
-        "its propensity; docs/router.md)",
-    )
-    store.add_argument("--from-store", action="store_true", help="train on logged steps")
-    store.add_argument("--config", type=Path)
-    store.add_argument("--store", help="store URL (default: store.url of the configuration)")
-    store.add_argument("--tenant", help="only this tenant's sessions (default: all)")
-    store.add_argument("--since", help="only sessions started at or after this ISO date/time")
-    store.add_argument("--weights", help="override reward weights: name=w[,name=w]")
-    store.add_argument(
+    _store_options(train, "train on logged steps")
+    train.add_argument(
         "--cost", type=float, default=0.0,
-        help="reward a full-tier step must earn over a fast one to be worth it",
+        help="--from-store: reward a full-tier step must earn over a fast one to be worth it",
     )  # fmt: skip
-    store.add_argument(
-        "--escalation-reward", type=float, default=-1.0,
-        help="reward of a fast-tier answer that was escalated",
-    )  # fmt: skip
-    store.add_argument(
+    train.add_argument(
         "--l2", type=float,
-        help="L2 strength; default: chosen from five by 5-fold cross-validation (26 fits)",
-    )  # fmt: skip
-    store.add_argument(
-        "--max-steps", type=int, default=20_000,
-        help="train on the latest N routed steps (memory grows with N: about 0.1 GB per 1,000 "
-        "at --bits 12)",
-    )  # fmt: skip
-    store.add_argument(
-        "--no-session-rewards", action="store_true",
-        help="leave session-scope rewards (outcome, api_correctness) out of the steps' rewards",
+        help="--from-store: L2 strength; default: chosen from five by 5-fold cross-validation "
+        "(26 fits)",
     )  # fmt: skip
     train.add_argument("--out", type=Path, default=DEFAULT_MODEL, help="model file to write")
     train.add_argument("--bits", type=int, default=12, help="hashed n-gram buckets = 2**bits")
@@ -190,8 +233,18 @@ def add_parser(sub: Any) -> None:
         help="default threshold: recover this share of the full tier's quality gap",
     )  # fmt: skip
     train.set_defaults(func=cmd_router_train)
-    ev = rt_sub.add_parser("eval", help="AUC, APGR, CPT of a model and the baselines")
-    ev.add_argument("examples", type=Path)
+    ev = rt_sub.add_parser(
+        "eval",
+        help="AUC, APGR, CPT of a model and the baselines; --from-store: the reward it would "
+        "have earned on logged steps",
+    )
+    ev.add_argument("examples", type=Path, nargs="?", help="JSONL: {id, group, body, full, fast}")
+    _store_options(ev, "estimate the model's reward on logged steps")
+    ev.add_argument(
+        "--threshold",
+        type=float,
+        help="--from-store: route at this threshold (default: the model's)",
+    )
     ev.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ev.add_argument("--margin", type=float, default=0.25)
     ev.set_defaults(func=cmd_router_eval)

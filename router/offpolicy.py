@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from router.classifier import Classifier
 from router.training import DEFAULT_L2_GRID, Example, fit_labels
 from router.types import Tier
 
@@ -120,6 +121,34 @@ def choose_threshold(
     return 0.0, figures  # not reached: k = n routes everything full
 
 
+def effective_steps(logged: Sequence[Logged]) -> float:
+    """Kish's effective sample size of the importance weights 1/propensity."""
+    inv = np.array([1.0 / s.propensity for s in logged])
+    return round(float(inv.sum() ** 2 / (inv**2).sum()), 1)
+
+
+def evaluate(
+    model: Classifier, logged: Sequence[Logged], threshold: float | None = None
+) -> dict[str, Any]:
+    """What routing the logged steps with ``model`` (at its threshold, or ``threshold``)
+    would have earned per step, next to the logging policy and the two constant routers."""
+    t = model.threshold if threshold is None else threshold
+    routed = np.array([model.predict(s.body).probability >= t for s in logged])
+    n = len(logged)
+    estimate = ips(logged, routed)
+    return {
+        "steps": n,
+        "threshold": t,
+        "full_share": float(routed.mean()),
+        "model": estimate.value,
+        "agreeing_steps": estimate.matched,
+        "logged": float(np.mean([s.reward for s in logged])),
+        "always_full": ips(logged, np.ones(n, dtype=bool)).value,
+        "always_fast": ips(logged, np.zeros(n, dtype=bool)).value,
+        "effective_steps": effective_steps(logged),
+    }
+
+
 def fit_logged(
     logged: Sequence[Logged],
     *,
@@ -145,7 +174,6 @@ def fit_logged(
     fitted = fit_labels(examples, y, weights, bits=bits, l2_grid=l2_grid, folds=folds, seed=seed)
     threshold, figures = choose_threshold(logged, fitted.train_scores, quality_target)
     propensities = np.array([s.propensity for s in logged])
-    inv = 1.0 / propensities
     return {
         **fitted.spec,
         "label": f"logged reward, full tier's lowered by {cost}: weighted offset reduction",
@@ -155,8 +183,7 @@ def fit_logged(
             "steps": len(logged),
             "full_steps": int(sum(s.tier is Tier.FULL for s in logged)),
             "explored_steps": int((propensities < 1.0).sum()),
-            # Kish's effective sample size of the importance weights
-            "effective_steps": round(float(inv.sum() ** 2 / (inv**2).sum()), 1),
+            "effective_steps": effective_steps(logged),
             "baseline_reward": round(baseline, 6),
             "ips": {k: round(v, 6) for k, v in figures.items()},
             "cost": cost,

@@ -76,6 +76,7 @@ class Trajectory:
 class Filter:
     tenant: str | None = None  # None: every tenant (operator export)
     since: datetime | None = None
+    until: datetime | None = None  # sessions started before this
     min_reward: float | None = None
     only_ok: bool = True  # leave out steps that failed (no answer to learn from)
 
@@ -90,6 +91,8 @@ def _where(q: Any, flt: Filter) -> Any:
         q = q.where(sessions.c.tenant_id == flt.tenant)
     if flt.since is not None:
         q = q.where(sessions.c.created_at >= flt.since)
+    if flt.until is not None:
+        q = q.where(sessions.c.created_at < flt.until)
     return q
 
 

@@ -12,7 +12,7 @@ tier's, so it is logged as a fast-tier step with ``escalation_reward``.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import Connection
 
@@ -62,9 +62,7 @@ def logged_steps(
     counts: Counts | None = None,
 ) -> Iterator[Logged]:
     counts = counts if counts is not None else Counts()
-    for t in trajectories(
-        conn, Filter(flt.tenant, flt.since, flt.min_reward, only_ok=False), weights
-    ):
+    for t in trajectories(conn, replace(flt, only_ok=False), weights):
         counts.sessions += 1
         shared = _session_reward(t, weights) if options.session_rewards else 0.0
         tools = _tool_rewards(t, weights)

@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import pytest
 
 from router.classifier import Classifier
 from tests.support.fake_upstream import Behaviour, FakeUpstream
@@ -24,6 +27,19 @@ def ask(stack, content: str, session: str, model: str = "auto", **extra) -> http
     r = httpx.post(stack.url + "/v1/chat/completions", json=body, headers={"x-session-id": session})
     assert r.status_code == 200, r.text
     return r
+
+
+def traffic(stack, numbers: range) -> dict[str, int]:
+    """Routed requests, graded by the client: proofs need the full tier, greetings do not."""
+    tiers = {"full": 0, "fast": 0}
+    for i in numbers:
+        hard = i % 2 == 0
+        text = f"prove that lemma {i} holds for every graph" if hard else f"say hi to guest {i}"
+        r = ask(stack, text, f"s{i}")
+        tier = r.headers["x-gearshift-tier"]
+        tiers[tier] += 1
+        grade(stack, r, 1.0 if tier == "full" or not hard else 0.0)
+    return tiers
 
 
 def grade(stack, r: httpx.Response, score: float) -> None:
@@ -50,19 +66,14 @@ def test_learns_from_explored_steps_and_their_feedback(make_stack, tmp_path: Pat
     escalated = ask(stack, "weather in Paris?", "tools", tools=WEATHER_TOOLS)
     assert "escalated to full" in escalated.headers["x-gearshift-route-reason"]
     grade(stack, ask(stack, "anything", "pinned", model="full"), 1.0)  # no routing decision
-    tiers = {"full": 0, "fast": 0}
-    for i in range(60):
-        # The client's grader: proofs need the full tier, greetings do not.
-        hard = i % 2 == 0
-        text = f"prove that lemma {i} holds for every graph" if hard else f"say hi to guest {i}"
-        r = ask(stack, text, f"s{i}")
-        tier = r.headers["x-gearshift-tier"]
-        tiers[tier] += 1
-        grade(stack, r, 1.0 if tier == "full" or not hard else 0.0)
+    tiers = traffic(stack, range(60))
     assert min(tiers.values()) >= 10  # explore sent some of each kind both ways
+    time.sleep(0.01)
+    later = datetime.now(UTC).isoformat()
+    traffic(stack, range(100, 140))  # held out: for the evaluation below
 
     out = tmp_path / "router.json"
-    done = train(stack.store_url, out)
+    done = train(stack.store_url, out, "--until", later)
     assert done.returncode == 0, done.stderr
     assert "62 steps in 62 sessions: 61 routed (1 escalated" in done.stdout
     assert "1 pinned or unrouted" in done.stdout and "warning" not in done.stdout
@@ -79,6 +90,19 @@ def test_learns_from_explored_steps_and_their_feedback(make_stack, tmp_path: Pat
         p("prove that lemma 99 holds for every graph") > model.threshold > p("say hi to guest 99")
     )
 
+    # the new model on the later steps, estimated from what the exploring policy logged
+    ev = subprocess.run(
+        [GEARSHIFT, "router", "eval", "--from-store", "--store", stack.store_url, "--since", later,
+         "--model", str(out), "--weights", "user_feedback=1"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert ev.returncode == 0, ev.stderr
+    report = json.loads(ev.stdout.splitlines()[-1])
+    assert report["steps"] == 40 and "40 steps in 40 sessions" in ev.stdout
+    # every proof on full, every greeting on fast: the best reward at the lowest full share
+    assert report["model"] == pytest.approx(1.0) and report["full_share"] == pytest.approx(0.5)
+    assert report["model"] > report["logged"] and report["always_fast"] < 0.75
+
 
 def test_refuses_a_log_without_both_tiers_and_says_why(make_stack, tmp_path: Path):
     stack = make_stack(
@@ -91,5 +115,6 @@ def test_refuses_a_log_without_both_tiers_and_says_why(make_stack, tmp_path: Pat
     assert "warning: no step was explored" in done.stdout
     assert "needs steps of both tiers" in done.stderr and "explore" in done.stderr
     assert not (tmp_path / "router.json").exists()
-    neither = subprocess.run([GEARSHIFT, "router", "train"], capture_output=True, text=True)
-    assert neither.returncode == 1 and "examples file or --from-store" in neither.stderr
+    for command in ("train", "eval"):
+        neither = subprocess.run([GEARSHIFT, "router", command], capture_output=True, text=True)
+        assert neither.returncode == 1 and "examples file or --from-store" in neither.stderr

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from router.classifier import Classifier
-from router.offpolicy import Logged, choose_threshold, fit_logged, ips, reduce
+from router.offpolicy import Logged, choose_threshold, evaluate, fit_logged, ips, reduce
 from router.types import Tier
 
 FULL, FAST = Tier.FULL, Tier.FAST
@@ -114,3 +114,16 @@ def test_threshold_search_matches_evaluating_every_threshold():
                 if ips(log, scores >= t).value >= fast + 0.8 * (full - fast) - 1e-12]  # fmt: skip
     assert full > fast and threshold == reaching[0]
     assert figures["routed"] == pytest.approx(ips(log, scores >= threshold).value)
+
+
+def test_evaluate_estimates_a_model_on_a_fresh_log():
+    spec = fit_logged(synthetic_log(400, 0.3, seed=1), bits=8, l2_grid=(0.01,))
+    fresh = synthetic_log(300, 0.3, seed=2)
+    report = evaluate(Classifier(spec), fresh)
+    assert report["steps"] == 300 and report["threshold"] == spec["threshold"]
+    assert report["logged"] == pytest.approx(np.mean([s.reward for s in fresh]))
+    # the model sends the hard ~40% to full: the reward of always-full at a lower full share
+    assert report["model"] == pytest.approx(report["always_full"]) == pytest.approx(1.0)
+    assert 0.3 < report["full_share"] < 0.5 and report["always_fast"] < 0.75
+    never = evaluate(Classifier(spec), fresh, threshold=1.01)
+    assert never["full_share"] == 0.0 and never["model"] == pytest.approx(never["always_fast"])
