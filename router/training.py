@@ -63,15 +63,62 @@ def split(
     return train, test
 
 
-def featurize(examples: Sequence[Example], bits: int) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class Design:
+    """The training matrix: standardized dense features, hashed n-gram counts kept sparse
+    (a request has tens of n-grams among thousands of buckets; coordinates and values), and a
+    constant column for the bias, last. Memory and time grow with the n-grams, not with
+    examples times buckets."""
+
+    dense: np.ndarray  # (n, len(DENSE))
+    rows: np.ndarray  # example of each n-gram entry
+    cols: np.ndarray  # its bucket
+    vals: np.ndarray  # its value (1/sqrt(n-grams of the example); repeats add up)
+    width: int  # buckets: 1 << bits
+
+    @property
+    def n(self) -> int:
+        return len(self.dense)
+
+    @property
+    def size(self) -> int:
+        return int(self.dense.shape[1]) + self.width + 1
+
+    def dot(self, w: np.ndarray) -> np.ndarray:
+        d = self.dense.shape[1]
+        hashed = np.bincount(self.rows, self.vals * w[d:-1][self.cols], minlength=self.n)
+        out: np.ndarray = self.dense @ w[:d] + hashed + w[-1]
+        return out
+
+    def tdot(self, g: np.ndarray) -> np.ndarray:
+        hashed = np.bincount(self.cols, self.vals * g[self.rows], minlength=self.width)
+        return np.concatenate([self.dense.T @ g, hashed, [g.sum()]])
+
+    def subset(self, mask: np.ndarray) -> Design:
+        index = np.full(self.n, -1)
+        index[mask] = np.arange(int(mask.sum()))
+        keep = mask[self.rows]
+        return Design(self.dense[mask], index[self.rows[keep]], self.cols[keep], self.vals[keep], self.width)  # fmt: skip
+
+
+def featurize(examples: Sequence[Example], bits: int) -> tuple[np.ndarray, Design]:
+    """Raw dense features (to standardize), and the n-gram part of the design."""
     dense = np.array(
         [[dense_features(e.body, e.session)[0][k] for k in DENSE] for e in examples], dtype=float
     )
-    hashed = np.zeros((len(examples), 1 << bits))
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
     for row, ex in enumerate(examples):
         grams = ngrams(ex.body)
         for gram in grams:
-            hashed[row, bucket(gram, bits)] += 1.0 / np.sqrt(len(grams))
+            rows.append(row)
+            cols.append(bucket(gram, bits))
+            vals.append(1.0 / np.sqrt(len(grams)))
+    hashed = Design(
+        np.empty((len(examples), 0)), np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64),
+        np.array(vals), 1 << bits,
+    )  # fmt: skip
     return dense, hashed
 
 
@@ -81,12 +128,11 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
 
 
 def _fit_lr(
-    x: np.ndarray, y: np.ndarray, l2: float, steps: int = 600, weights: np.ndarray | None = None
+    x: Design, y: np.ndarray, l2: float, steps: int = 600, weights: np.ndarray | None = None
 ) -> np.ndarray:
     """Weights (bias last) minimizing mean weighted log-loss + l2/2 |w|^2, by full-batch
     Adam; without ``weights`` the two classes weigh the same in total."""
-    xb = np.hstack([x, np.ones((len(x), 1))])
-    w = np.zeros(xb.shape[1])
+    w = np.zeros(x.size)
     m = np.zeros_like(w)
     v = np.zeros_like(w)
     if weights is None:
@@ -96,19 +142,13 @@ def _fit_lr(
     else:
         sample_w = weights * (len(weights) / weights.sum())
     for t in range(1, steps + 1):
-        p = _sigmoid(xb @ w)
-        grad = xb.T @ ((p - y) * sample_w) / len(y)
+        p = _sigmoid(x.dot(w))
+        grad = x.tdot((p - y) * sample_w) / len(y)
         grad[:-1] += l2 * w[:-1]
         m = 0.9 * m + 0.1 * grad
         v = 0.999 * v + 0.001 * grad * grad
         w -= 0.05 * (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
     return w
-
-
-def _design(
-    dense: np.ndarray, hashed: np.ndarray, mean: np.ndarray, scale: np.ndarray
-) -> np.ndarray:
-    return np.hstack([np.clip((dense - mean) / scale, -CLIP, CLIP), hashed])
 
 
 @dataclass(frozen=True)
@@ -138,7 +178,8 @@ def fit_labels(
     mean = dense.mean(axis=0)
     scale = dense.std(axis=0)
     scale[scale < 1e-9] = 1.0
-    x = _design(dense, hashed, mean, scale)
+    standard = np.clip((dense - mean) / scale, -CLIP, CLIP)
+    x = Design(standard, hashed.rows, hashed.cols, hashed.vals, hashed.width)
 
     rng = np.random.default_rng(seed)
     fold_of = np.empty(len(y), dtype=int)
@@ -152,8 +193,8 @@ def fit_labels(
         for k in range(folds):
             train = fold_of != k
             part = None if weights is None else weights[train]
-            w = _fit_lr(x[train], y[train], l2, weights=part)
-            scores[~train] = _sigmoid(x[~train] @ w[:-1] + w[-1])
+            w = _fit_lr(x.subset(train), y[train], l2, weights=part)
+            scores[~train] = _sigmoid(x.subset(~train).dot(w))
         if weights is None:
             cv[l2] = auc(scores.tolist(), y.astype(int).tolist())
         else:
@@ -174,7 +215,7 @@ def fit_labels(
             str(i): round(float(w[d + i]), 6) for i in range(1 << bits) if abs(w[d + i]) > 1e-4
         },
     }
-    return Fitted(spec, _sigmoid(x @ w[:-1] + w[-1]), best, cv)
+    return Fitted(spec, _sigmoid(x.dot(w)), best, cv)
 
 
 def fit(
