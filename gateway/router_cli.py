@@ -193,8 +193,7 @@ def _store_options(parser: argparse.ArgumentParser, what: str) -> None:
     )  # fmt: skip
     store.add_argument(
         "--max-steps", type=int, default=20_000,
-        help="the latest N routed steps (training memory grows with N: about 0.1 GB per 1,000 "
-        "at --bits 12)",
+        help="the latest N routed steps (their request bodies are held in memory)",
     )  # fmt: skip
     store.add_argument(
         "--no-session-rewards", action="store_true",
