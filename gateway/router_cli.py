@@ -24,9 +24,17 @@ def cmd_router_train(args: argparse.Namespace) -> int:
     if args.from_store == (args.examples is not None):
         raise SystemExit("gearshift router train: give an examples file or --from-store (one)")
     if args.from_store:
+        if args.out is None:
+            raise SystemExit(
+                "gearshift router train: name the model file to write with --out (then point "
+                "the classifier's `model` param at it; the shipped models stay as they are)"
+            )
         return _train_from_store(args)
+    from router.classifier import DEFAULT_MODEL
     from router.dataset import ExamplesError, read_examples
     from router.training import fit
+
+    args.out = args.out or DEFAULT_MODEL
 
     try:
         examples = read_examples(args.examples)
@@ -222,7 +230,11 @@ def add_parser(sub: Any) -> None:
         help="--from-store: L2 strength; default: chosen from five by 5-fold cross-validation "
         "(26 fits)",
     )  # fmt: skip
-    train.add_argument("--out", type=Path, default=DEFAULT_MODEL, help="model file to write")
+    train.add_argument(
+        "--out", type=Path,
+        help="model file to write (examples: default router/assets/classifier.json; "
+        "--from-store: required)",
+    )  # fmt: skip
     train.add_argument("--bits", type=int, default=12, help="hashed n-gram buckets = 2**bits")
     train.add_argument(
         "--margin", type=float, default=0.25, help="label 1 when full - fast score > margin"

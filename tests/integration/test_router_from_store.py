@@ -115,6 +115,11 @@ def test_refuses_a_log_without_both_tiers_and_says_why(make_stack, tmp_path: Pat
     assert "warning: no step was explored" in done.stdout
     assert "needs steps of both tiers" in done.stderr and "explore" in done.stderr
     assert not (tmp_path / "router.json").exists()
+    no_out = subprocess.run(
+        [GEARSHIFT, "router", "train", "--from-store", "--store", stack.store_url],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert no_out.returncode == 1 and "name the model file to write with --out" in no_out.stderr
     for command in ("train", "eval"):
         neither = subprocess.run([GEARSHIFT, "router", command], capture_output=True, text=True)
         assert neither.returncode == 1 and "examples file or --from-store" in neither.stderr
