@@ -88,8 +88,10 @@ def check(logged: Sequence[Logged]) -> None:
 def choose_threshold(
     logged: Sequence[Logged], scores: np.ndarray, quality_target: float
 ) -> tuple[float, dict[str, float]]:
-    """The highest threshold whose routing reaches ``quality_target`` of the full tier's
-    estimated advantage over the fast tier; 1.0 (never full) when it has none.
+    """A threshold whose routing of the logged steps reaches ``quality_target`` of the full
+    tier's estimated advantage over the fast tier with the fewest steps on full (placed
+    midway between the last score routed full and the next); 1.0 (never full) when the
+    full tier has no advantage.
 
     Lowering the threshold past one more score sends that step to the full tier, so the
     estimate of every threshold comes from running sums over the steps by falling score."""
@@ -117,7 +119,10 @@ def choose_threshold(
         # a threshold can only fall between different scores
         if (k == len(ranked) or ranked[k] < ranked[k - 1]) and value[k] >= target:
             figures["routed"] = float(value[k])
-            return float(ranked[k - 1]), figures
+            # midway to the next lower score: a new step scoring a hair below its training
+            # twin (another number in the prompt) should still be routed like it
+            lower = float(ranked[k]) if k < len(ranked) else 0.0
+            return (float(ranked[k - 1]) + lower) / 2, figures
     return 0.0, figures  # not reached: k = n routes everything full
 
 
