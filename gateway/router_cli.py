@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.cli_common import load_config, parse_when, reward_weights
+
+if TYPE_CHECKING:
+    from router.offpolicy import Logged
 
 
 def _write_model(spec: dict[str, Any], out: Path) -> None:
@@ -54,7 +57,7 @@ def cmd_router_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_log(args: argparse.Namespace) -> tuple[list[Any], str]:
+def _read_log(args: argparse.Namespace) -> tuple[list[Logged], str]:
     """The routed steps the options select, oldest first, and the store URL (redacted)."""
     from gateway.export.load import Filter
     from gateway.export.routing import Counts, Options, logged_steps
