@@ -4,6 +4,7 @@ or from the routed steps the store recorded (docs/router.md)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +60,9 @@ def cmd_router_train(args: argparse.Namespace) -> int:
 
 def _read_log(args: argparse.Namespace) -> tuple[list[Logged], str]:
     """The routed steps the options select, oldest first, and the store URL (redacted)."""
-    from gateway.export.load import Filter
+    from tqdm import tqdm
+
+    from gateway.export.load import Filter, count
     from gateway.export.routing import Counts, Options, logged_steps
     from gateway.store.database import StoreError, make_engine, prepare_schema
 
@@ -75,10 +78,12 @@ def _read_log(args: argparse.Namespace) -> tuple[list[Logged], str]:
         tenant=args.tenant, since=parse_when(args.since), until=parse_when(args.until, "--until")
     )
     options = Options(args.escalation_reward, not args.no_session_rewards)
-    with engine.connect() as conn:
-        logged = list(
-            logged_steps(conn, flt, reward_weights(settings, args.weights), options, counts)
-        )
+    weights = reward_weights(settings, args.weights)
+    with (
+        engine.connect() as conn,
+        tqdm(total=count(conn, flt), unit="session", desc="reading the store") as bar,
+    ):
+        logged = list(logged_steps(conn, flt, weights, options, counts, bar.update))
     engine.dispose()
     print(
         f"{counts.steps} steps in {counts.sessions} sessions: {len(logged)} routed "
@@ -102,8 +107,10 @@ def _train_from_store(args: argparse.Namespace) -> int:
 
     logged, url = _read_log(args)
     meta = {"store": url, "tenant": args.tenant, "since": args.since, "until": args.until}
+    grid = DEFAULT_L2_GRID if args.l2 is None else (args.l2,)
+    fits = 1 + (len(grid) * 5 if len(grid) > 1 else 0)
+    print(f"fitting on {len(logged)} steps ({fits} fits)", file=sys.stderr, flush=True)
     try:
-        grid = DEFAULT_L2_GRID if args.l2 is None else (args.l2,)
         spec = fit_logged(
             logged, cost=args.cost, quality_target=args.quality_target, bits=args.bits,
             l2_grid=grid, meta=meta,

@@ -11,7 +11,7 @@ tier's, so it is logged as a fast-tier step with ``escalation_reward``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from sqlalchemy import Connection
@@ -60,10 +60,13 @@ def logged_steps(
     weights: Mapping[str, float],
     options: Options = Options(),
     counts: Counts | None = None,
+    on_session: Callable[[], None] | None = None,
 ) -> Iterator[Logged]:
     counts = counts if counts is not None else Counts()
     for t in trajectories(conn, replace(flt, only_ok=False), weights):
         counts.sessions += 1
+        if on_session is not None:
+            on_session()
         shared = _session_reward(t, weights) if options.session_rewards else 0.0
         tools = _tool_rewards(t, weights)
         for s in t.steps:
