@@ -155,6 +155,9 @@ def _eval_from_store(args: argparse.Namespace) -> int:
                         f"{report['threshold']:.3f} ({report['full_share']:.0%} full)"),
                         ("always_full", "always full"), ("always_fast", "always fast")):  # fmt: skip
         print(f"  {report[name]:8.4f}  {label}")
+    print("share of steps on full -> estimated mean reward (threshold), for the budget policy:")
+    for row in report["tradeoff"]:
+        print(f"  {row['full_share']:5.0%}  {row['reward']:8.4f}  ({row['threshold']:.3f})")
     print(json.dumps(report))
     return 0
 

@@ -85,6 +85,45 @@ def check(logged: Sequence[Logged]) -> None:
         )
 
 
+def _by_rank(logged: Sequence[Logged], scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Scores from highest to lowest, and the IPS estimate of routing the first k of them
+    (k = 0..n) to the full tier and the rest to the fast tier. Lowering the threshold past
+    one more score sends that step to full, so every estimate comes from running sums."""
+    full = np.array([s.tier is Tier.FULL for s in logged])
+    w = np.array([1.0 / s.propensity for s in logged])
+    wr = w * np.array([s.reward for s in logged])
+    order = np.argsort(-scores, kind="stable")
+    zero = np.zeros(1)
+    # after the first k steps go full: the agreeing steps' weight and weighted reward
+    num_full = np.concatenate([zero, np.cumsum((wr * full)[order])])
+    den_full = np.concatenate([zero, np.cumsum((w * full)[order])])
+    num_fast = np.concatenate([zero, np.cumsum((wr * ~full)[order])])
+    den_fast = np.concatenate([zero, np.cumsum((w * ~full)[order])])
+    num = num_full + (num_fast[-1] - num_fast)
+    den = den_full + (den_fast[-1] - den_fast)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        value = num / den
+    return scores[order], value
+
+
+def tradeoff(
+    logged: Sequence[Logged], scores: np.ndarray, shares: Sequence[float]
+) -> list[dict[str, float]]:
+    """For each target share of steps on the full tier: the threshold that gives it on the
+    logged steps (ties make some shares unreachable: one row per share reached) and the mean
+    reward that routing is estimated to earn."""
+    ranked, value = _by_rank(logged, scores)
+    n = len(ranked)
+    rows: list[dict[str, float]] = []
+    for share in shares:
+        k = min(n, max(0, round(share * n)))
+        threshold = float(ranked[k - 1]) if k else float(np.nextafter(ranked[0], np.inf))
+        k = int((ranked >= threshold).sum())  # ties at the boundary go full together
+        if not rows or rows[-1]["full_share"] != k / n:
+            rows.append({"full_share": k / n, "threshold": threshold, "reward": float(value[k])})
+    return rows
+
+
 def choose_threshold(
     logged: Sequence[Logged], scores: np.ndarray, quality_target: float
 ) -> tuple[float, dict[str, float]]:
@@ -95,25 +134,11 @@ def choose_threshold(
 
     Lowering the threshold past one more score sends that step to the full tier, so the
     estimate of every threshold comes from running sums over the steps by falling score."""
-    full = np.array([s.tier is Tier.FULL for s in logged])
-    w = np.array([1.0 / s.propensity for s in logged])
-    wr = w * np.array([s.reward for s in logged])
-    order = np.argsort(-scores, kind="stable")
-    zero = np.zeros(1)
-    # after the first k steps (by score) go full: agreeing weight and weighted reward
-    num_full = np.concatenate([zero, np.cumsum((wr * full)[order])])
-    den_full = np.concatenate([zero, np.cumsum((w * full)[order])])
-    num_fast = np.concatenate([zero, np.cumsum((wr * ~full)[order])])
-    den_fast = np.concatenate([zero, np.cumsum((w * ~full)[order])])
-    num = num_full + (num_fast[-1] - num_fast)
-    den = den_full + (den_fast[-1] - den_fast)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        value = num / den
+    ranked, value = _by_rank(logged, scores)
     always_fast, always_full = float(value[0]), float(value[-1])
     figures = {"always_full": always_full, "always_fast": always_fast}
     if not always_full - always_fast > 0:
         return 1.0, figures
-    ranked = scores[order]
     target = always_fast + quality_target * (always_full - always_fast) - 1e-12
     for k in range(1, len(ranked) + 1):
         # a threshold can only fall between different scores
@@ -138,7 +163,8 @@ def evaluate(
     """What routing the logged steps with ``model`` (at its threshold, or ``threshold``)
     would have earned per step, next to the logging policy and the two constant routers."""
     t = model.threshold if threshold is None else threshold
-    routed = np.array([model.predict(s.body).probability >= t for s in logged])
+    scores = np.array([model.predict(s.body).probability for s in logged])
+    routed = scores >= t
     n = len(logged)
     estimate = ips(logged, routed)
     return {
@@ -151,6 +177,7 @@ def evaluate(
         "always_full": ips(logged, np.ones(n, dtype=bool)).value,
         "always_fast": ips(logged, np.zeros(n, dtype=bool)).value,
         "effective_steps": effective_steps(logged),
+        "tradeoff": tradeoff(logged, scores, [i / 10 for i in range(11)]),
     }
 
 

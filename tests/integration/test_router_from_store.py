@@ -104,6 +104,12 @@ def test_learns_from_explored_steps_and_their_feedback(make_stack, tmp_path: Pat
     # every proof on full, every greeting on fast: the best reward at the lowest full share
     assert report["model"] == pytest.approx(1.0) and report["full_share"] == pytest.approx(0.5)
     assert report["model"] > report["logged"] and report["always_fast"] < 0.75
+    # the reward-for-full-share table: nothing on full earns always-fast's, all on full its own
+    table = report["tradeoff"]
+    assert (
+        table[0]["reward"] == report["always_fast"] and table[-1]["reward"] == report["always_full"]
+    )
+    assert "share of steps on full -> estimated mean reward" in ev.stdout
 
 
 def test_refuses_a_log_without_both_tiers_and_says_why(make_stack, tmp_path: Path):

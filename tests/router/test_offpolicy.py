@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from router.classifier import Classifier
-from router.offpolicy import Logged, choose_threshold, evaluate, fit_logged, ips, reduce
+from router.offpolicy import (
+    Logged,
+    choose_threshold,
+    evaluate,
+    fit_logged,
+    ips,
+    reduce,
+    tradeoff,
+)
 from router.types import Tier
 
 FULL, FAST = Tier.FULL, Tier.FAST
@@ -129,3 +137,18 @@ def test_evaluate_estimates_a_model_on_a_fresh_log():
     assert 0.3 < report["full_share"] < 0.5 and report["always_fast"] < 0.75
     never = evaluate(Classifier(spec), fresh, threshold=1.01)
     assert never["full_share"] == 0.0 and never["model"] == pytest.approx(never["always_fast"])
+
+
+def test_tradeoff_rows_are_the_estimates_of_their_thresholds():
+    rng = random.Random(5)
+    log = [step(rng.choice([FULL, FAST]), rng.random(), rng.choice([0.2, 0.8])) for _ in range(120)]
+    scores = np.array([round(rng.random(), 1) for _ in log])  # many ties
+    rows = tradeoff(log, scores, [0.0, 0.25, 0.5, 1.0])
+    n = len(log)
+    assert rows[0]["full_share"] == 0.0 and rows[-1]["full_share"] == 1.0
+    assert rows[0]["reward"] == pytest.approx(ips(log, np.zeros(n, dtype=bool)).value)
+    for row in rows:
+        routed = scores >= row["threshold"]
+        assert row["full_share"] == routed.mean()
+        assert row["reward"] == pytest.approx(ips(log, routed).value)
+    assert [r["full_share"] for r in rows] == sorted(r["full_share"] for r in rows)
