@@ -47,7 +47,7 @@ from typing import Any
 from bench.router_outcomes import DEFAULT_OUT, SAMPLED_OUT, header, load
 from bench.router_plots import fine_group, plot, plot_mix
 from bench.router_tasks import Task, all_tasks
-from router.classifier import Classifier
+from router.classifier import Classifier, write_model
 from router.dataset import write_examples
 from router.evaluation import auc
 from router.report import BASELINES, CHAINS, best_baseline, compare, metrics
@@ -292,8 +292,7 @@ def main() -> None:
 
     for path, regime in ((args.write_model, greedy), (args.write_sampled_model, sampled)):
         if path:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(regime.specs[0], indent=1, sort_keys=True) + "\n")
+            write_model(regime.specs[0], path)
     if args.plot:
         plot(args.plot, greedy.models[0], greedy.tests[0], greedy.runs[0])
     if args.plot_mix:

@@ -9,19 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.cli_common import load_config, parse_when, reward_weights
+from router.classifier import write_model
 
 if TYPE_CHECKING:
     from router.offpolicy import Logged
-
-
-def _write_model(spec: dict[str, Any], out: Path) -> None:
-    import json
-    import os
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(spec, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, out)
 
 
 def cmd_router_train(args: argparse.Namespace) -> int:
@@ -48,7 +39,7 @@ def cmd_router_train(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except (ExamplesError, ValueError, OSError) as exc:
         raise SystemExit(f"gearshift router train: {exc}") from None
-    _write_model(spec, args.out)
+    write_model(spec, args.out)
     t = spec["training"]
     print(
         f"trained on {t['examples']} examples ({t['positives']} need the full tier); "
@@ -117,7 +108,7 @@ def _train_from_store(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except ValueError as exc:
         raise SystemExit(f"gearshift router train: {exc}") from None
-    _write_model(spec, args.out)
+    write_model(spec, args.out)
     t = spec["training"]
     ips = t["ips"]
     print(

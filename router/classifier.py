@@ -24,6 +24,7 @@ import heapq
 import itertools
 import json
 import math
+import os
 import re
 import string
 import zlib
@@ -130,6 +131,15 @@ class Prediction:
     probability: float  # P(needs the full tier)
     top: tuple[tuple[str, float], ...]  # the largest contributions to the logit, signed
     features: dict[str, float]  # the raw step features and dense inputs, for the record
+
+
+def write_model(spec: Mapping[str, Any], path: Path) -> None:
+    """Save a model spec (``router.training``) where ``Classifier.load`` reads it; a
+    reader never sees a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(spec, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
 
 
 class Classifier:

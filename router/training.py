@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -101,8 +101,8 @@ class Design:
         return Design(self.dense[mask], index[self.rows[keep]], self.cols[keep], self.vals[keep], self.width)  # fmt: skip
 
 
-def featurize(examples: Sequence[Example], bits: int) -> tuple[np.ndarray, Design]:
-    """Raw dense features (to standardize), and the n-gram part of the design."""
+def featurize(examples: Sequence[Example], bits: int) -> Design:
+    """The design with the dense features still raw (``fit_labels`` standardizes them)."""
     dense = np.array(
         [[dense_features(e.body, e.session)[0][k] for k in DENSE] for e in examples], dtype=float
     )
@@ -115,11 +115,10 @@ def featurize(examples: Sequence[Example], bits: int) -> tuple[np.ndarray, Desig
             rows.append(row)
             cols.append(bucket(gram, bits))
             vals.append(1.0 / np.sqrt(len(grams)))
-    hashed = Design(
-        np.empty((len(examples), 0)), np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64),
-        np.array(vals), 1 << bits,
+    return Design(
+        dense, np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64), np.array(vals),
+        1 << bits,
     )  # fmt: skip
-    return dense, hashed
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -174,12 +173,11 @@ def fit_labels(
     """Fit on given 0/1 labels. Unweighted: classes balanced, L2 strength by stratified
     k-fold AUC. Weighted (``weights`` per example, e.g. importance weights of logged
     steps): L2 strength by k-fold weighted log-likelihood."""
-    dense, hashed = featurize(examples, bits)
-    mean = dense.mean(axis=0)
-    scale = dense.std(axis=0)
+    raw = featurize(examples, bits)
+    mean = raw.dense.mean(axis=0)
+    scale = raw.dense.std(axis=0)
     scale[scale < 1e-9] = 1.0
-    standard = np.clip((dense - mean) / scale, -CLIP, CLIP)
-    x = Design(standard, hashed.rows, hashed.cols, hashed.vals, hashed.width)
+    x = replace(raw, dense=np.clip((raw.dense - mean) / scale, -CLIP, CLIP))
 
     rng = np.random.default_rng(seed)
     fold_of = np.empty(len(y), dtype=int)
