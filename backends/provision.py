@@ -101,6 +101,7 @@ def provision(home: Path, python: Path, source: ModelSource = DEFAULT_MODEL) -> 
 
 
 PRUNING = Path(__file__).with_name("pruning.py")
+SELFDATA = Path(__file__).with_name("selfdata.py")
 CALIBRATION = Path(__file__).with_name("assets") / "calibration.jsonl"
 
 
@@ -109,16 +110,15 @@ class PruneOptions:
     remove: int
     method: str = "block-influence"
     heal_steps: int = 0
+    heal_data: str = "calibration"
+    heal_samples: int = 256
 
     def args(self) -> list[str]:
-        return [
-            "--remove",
-            str(self.remove),
-            "--method",
-            self.method,
-            "--heal-steps",
-            str(self.heal_steps),
-        ]
+        args = ["--remove", str(self.remove), "--method", self.method,
+                "--heal-steps", str(self.heal_steps)]  # fmt: skip
+        if self.heal_data != "calibration":  # the default's cache key stays what it was
+            args += ["--heal-data", self.heal_data, "--heal-samples", str(self.heal_samples)]
+        return args
 
 
 def run_pruning(python: Path, args: list[str]) -> int:
@@ -145,6 +145,8 @@ def provision_pruned(home: Path, python: Path, full_dir: Path, options: PruneOpt
     key.update(json.dumps(options.args()).encode())
     key.update(CALIBRATION.read_bytes())
     key.update(PRUNING.read_bytes())
+    if options.heal_data == "self":
+        key.update(SELFDATA.read_bytes())
     out = home / "models" / f"{full_dir.name}-pruned-{key.hexdigest()[:10]}"
     if (out / COMPLETE_MARKER).exists():
         log.info("fast-tier model cached at %s", out)

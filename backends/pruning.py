@@ -15,7 +15,10 @@ default: chat exchanges rendered with the model's own chat template):
 The kept layers are renumbered and the checkpoint is written with its config, safetensors
 weights, tokenizer files and chat template, so transformers and vLLM load it as the same
 family. ``--heal-steps K`` then distils the pruned model toward the full one (KL on the
-logits over calibration text) and the report gives held-out perplexity before and after.
+logits) and the report gives held-out perplexity before and after. What it distils on is
+``--heal-data``: the calibration text (default), ``self`` (conversations the full model
+writes itself, requests and answers, ``backends/selfdata.py``; needs vLLM) or a JSONL file
+in the calibration format; the calibration samples not held out for perplexity join them.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -35,6 +40,7 @@ DEFAULT_CALIBRATION = Path(__file__).with_name("assets") / "calibration.jsonl"
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 REPORT = "gearshift-prune.json"
+HEAL_DATA = "gearshift-heal-data.jsonl"  # kept next to the weights: what healing saw
 
 
 class PruneError(RuntimeError):
@@ -50,8 +56,14 @@ def load_texts(path: Path, tokenizer: Any) -> list[str]:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
             raise PruneError(f"{path}:{n}: not JSON ({exc})") from None
-        if "messages" in item:
-            texts.append(tokenizer.apply_chat_template(item["messages"], tokenize=False))
+        if (
+            "messages" in item
+        ):  # tools too: `gearshift export --format trl-sft` rows read as they were
+            texts.append(
+                tokenizer.apply_chat_template(
+                    item["messages"], tools=item.get("tools") or None, tokenize=False
+                )
+            )
         elif isinstance(item.get("text"), str):
             texts.append(item["text"])
         else:
@@ -206,12 +218,50 @@ def heal(
     return losses
 
 
+def write_self_data(src: Path, path: Path, samples: int, seed: int, quiet: bool) -> dict[str, Any]:
+    """The full model writes ``samples`` conversations to ``path`` (``backends.selfdata``, in a
+    child process so vLLM's engine and memory are gone before training starts)."""
+    from backends.vllm_server import BASE_ENV
+
+    stats = path.with_name(path.name + ".stats")
+    command = [sys.executable, "-m", "backends.selfdata", str(src), str(path), "--stats", str(stats),
+               "--samples", str(samples), "--seed", str(seed), *(["--quiet"] if quiet else [])]  # fmt: skip
+    env = {**os.environ, **BASE_ENV, "PYTHONPATH": str(Path(__file__).parents[1])}
+    try:
+        # vLLM logs to stdout and stderr; both pass through, the counts come back in a file
+        if subprocess.run(command, env=env, check=False).returncode != 0:
+            raise PruneError("the full model could not write its healing conversations (see above)")
+        return dict(json.loads(stats.read_text()))
+    finally:
+        stats.unlink(missing_ok=True)
+
+
+def healing_texts(
+    args: argparse.Namespace, src: Path, tokenizer: Any, scratch: Path
+) -> tuple[list[str], dict[str, Any]]:
+    """What ``--heal-data`` names, as rendered text, and what to record about it."""
+    if args.heal_data == "calibration":
+        return [], {}
+    if args.heal_data == "self":
+        started = time.monotonic()
+        stats = write_self_data(src, scratch, args.heal_samples, args.seed, args.quiet)
+        stats["seconds"] = round(time.monotonic() - started, 1)
+        return load_texts(scratch, tokenizer), stats
+    path = Path(args.heal_data)
+    if not path.is_file():
+        raise PruneError(
+            f"--heal-data {args.heal_data}: no such file; give 'calibration', 'self' or a JSONL file"
+        )
+    shutil.copyfile(path, scratch)
+    return load_texts(scratch, tokenizer), {}
+
+
 def copy_side_files(src: Path, out: Path) -> None:
     """Tokenizer, chat template and generation config travel unchanged."""
     for item in src.iterdir():
         if (
             item.is_file()
-            and item.name not in {"config.json", REPORT}
+            and item.name not in {"config.json", REPORT, HEAL_DATA}
             and not item.name.endswith(WEIGHT_SUFFIXES)
             and not item.name.startswith(".")
         ):
@@ -225,26 +275,16 @@ def prune(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     src, out = Path(args.src), Path(args.out)
-    if not (src / "config.json").is_file():
-        raise PruneError(f"{src} is not a Hugging Face checkpoint folder (no config.json)")
-    if out.resolve() == src.resolve():
-        raise PruneError("the output folder must differ from the source")
-    config = AutoConfig.from_pretrained(src)
-    arch = (config.architectures or ["?"])[0]
-    if arch not in SUPPORTED:
-        raise PruneError(f"{arch} is not supported; layer pruning handles {', '.join(SUPPORTED)}")
-    n_layers = config.num_hidden_layers
-    remove = args.remove if args.remove is not None else round(n_layers * (1 - args.keep_ratio))
-    if not 0 < remove < n_layers:
-        raise PruneError(
-            f"cannot remove {remove} of {n_layers} layers; keep at least one and remove at least one"
-        )
+    arch, n_layers, remove = checked_amount(src, out, args, AutoConfig)
     tokenizer = AutoTokenizer.from_pretrained(src)
     texts = load_texts(Path(args.calibration), tokenizer)
     random.Random(args.seed).shuffle(texts)
     held_out = max(2, len(texts) // 5)
     calib = batches(tokenizer, texts[held_out:], args.max_len)
     evaluation = batches(tokenizer, texts[:held_out], args.max_len)
+    scratch = scratch_path(out)
+    extra, heal_stats = healing_texts(args, src, tokenizer, scratch)
+    heal_set = calib + batches(tokenizer, extra, args.max_len)
     progress = not args.quiet
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     model.eval()
@@ -269,24 +309,65 @@ def prune(args: argparse.Namespace) -> dict[str, Any]:
         "pruned": round(perplexity(model, evaluation), 3),
     }
     if teacher is not None:
-        losses = heal(model, teacher, calib, args.heal_steps, args.lr, progress)
+        losses = heal(model, teacher, heal_set, args.heal_steps, args.lr, progress)
         report["perplexity"]["healed"] = round(perplexity(model, evaluation), 3)
         report["healing"] = {
             "steps": args.heal_steps,
             "lr": args.lr,
             "first_loss": round(losses[0], 4),
             "last_loss": round(losses[-1], 4),
+            "data": args.heal_data,
+            "samples": len(heal_set),
         }
+        if heal_stats:
+            report["healing"]["self_data"] = heal_stats
     report["seconds"] = round(time.monotonic() - started, 1)
+    write_checkpoint(src, out, model.to(getattr(torch, args.dtype)), report, scratch)
+    return report
+
+
+def scratch_path(out: Path) -> Path:
+    """Where healing data is written before the checkpoint folder exists."""
+    return out.with_name(out.name + ".heal-data.jsonl")
+
+
+def checked_amount(
+    src: Path, out: Path, args: argparse.Namespace, auto_config: Any
+) -> tuple[str, int, int]:
+    """The architecture, its layer count and how many layers go, or a clear refusal."""
+    if not (src / "config.json").is_file():
+        raise PruneError(f"{src} is not a Hugging Face checkpoint folder (no config.json)")
+    if out.resolve() == src.resolve():
+        raise PruneError("the output folder must differ from the source")
+    config = auto_config.from_pretrained(src)
+    arch = (config.architectures or ["?"])[0]
+    if arch not in SUPPORTED:
+        raise PruneError(f"{arch} is not supported; layer pruning handles {', '.join(SUPPORTED)}")
+    n_layers = config.num_hidden_layers
+    remove = args.remove if args.remove is not None else round(n_layers * (1 - args.keep_ratio))
+    if not 0 < remove < n_layers:
+        raise PruneError(
+            f"cannot remove {remove} of {n_layers} layers; keep at least one and remove at least one"
+        )
+    if args.heal_data != "calibration" and not args.heal_steps:
+        raise PruneError(f"--heal-data {args.heal_data} needs --heal-steps")
+    return arch, n_layers, remove
+
+
+def write_checkpoint(
+    src: Path, out: Path, model: Any, report: dict[str, Any], heal_data: Path
+) -> None:
+    """Written next to ``out`` and renamed into place: a half-written folder is never served."""
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     copy_side_files(src, tmp)
-    model.to(getattr(torch, args.dtype)).save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True)
     (tmp / REPORT).write_text(json.dumps(report, indent=2))
+    if heal_data.exists():
+        heal_data.rename(tmp / HEAL_DATA)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
-    return report
 
 
 def parser() -> argparse.ArgumentParser:
@@ -307,6 +388,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--heal-steps", type=int, default=0, help="distillation steps after pruning (0: none)"
     )
+    p.add_argument(
+        "--heal-data",
+        default="calibration",
+        help="what healing distils on: 'calibration' (the calibration text), 'self' (conversations "
+        "the full model writes itself; needs vLLM) or a JSONL file like the calibration set",
+    )
+    p.add_argument(
+        "--heal-samples", type=int, default=256, help="conversations written for --heal-data self"
+    )
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--max-len", type=int, default=512, help="tokens per calibration sample")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
@@ -320,11 +410,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep_ratio is not None and not 0 < args.keep_ratio < 1:
         print("gearshift prune: --keep-ratio must be between 0 and 1", file=sys.stderr)
         return 2
+    if args.heal_samples < 4:
+        print("gearshift prune: --heal-samples must be at least 4", file=sys.stderr)
+        return 2
     try:
         report = prune(args)
     except PruneError as exc:
         print(f"gearshift prune: {exc}", file=sys.stderr)
         return 2
+    finally:
+        scratch_path(Path(args.out)).unlink(missing_ok=True)  # only left when pruning failed
     print(json.dumps({k: report[k] for k in ("removed", "layers_after", "perplexity")}))
     return 0
 

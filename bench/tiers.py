@@ -230,7 +230,7 @@ def embedded_stack(env: dict[str, str] | None = None, label: str = "") -> Iterat
             )
         try:
             print(f"{label}starting the stack (provisioning the fast tier if needed)", flush=True)
-            wait_http(f"http://127.0.0.1:{port}/ready", proc, log, timeout_s=1200)  # type: ignore[arg-type]
+            wait_http(f"http://127.0.0.1:{port}/ready", proc, log, timeout_s=3600)  # type: ignore[arg-type]
             yield f"http://127.0.0.1:{port}"
         finally:
             proc.send_signal(signal.SIGINT)
@@ -241,14 +241,14 @@ def embedded_stack(env: dict[str, str] | None = None, label: str = "") -> Iterat
 
 
 def run_stack(
-    mode: str, heal_steps: int, remove: int, max_tokens: int, speculation: dict[str, int]
+    mode: str, heal_steps: int, remove: int, max_tokens: int, overrides: dict[str, int | str]
 ) -> dict[str, Any]:
     env = {"GEARSHIFT_EMBEDDED__FAST_MODE": mode, "GEARSHIFT_EMBEDDED__HEAL_STEPS": str(heal_steps),
            "GEARSHIFT_EMBEDDED__PRUNE_REMOVE": str(remove),
-           **{f"GEARSHIFT_EMBEDDED__{k.upper()}": str(v) for k, v in speculation.items()}}  # fmt: skip
+           **{f"GEARSHIFT_EMBEDDED__{k.upper()}": str(v) for k, v in overrides.items()}}  # fmt: skip
     with embedded_stack(env, f"[{mode}, heal {heal_steps}] ") as url:
         result = asyncio.run(measure(url, max_tokens))
-    result.update({"mode": mode, "heal_steps": heal_steps, "layers_removed": remove, **speculation})
+    result.update({"mode": mode, "heal_steps": heal_steps, "layers_removed": remove, **overrides})
     print(json.dumps(result), flush=True)
     return result
 
@@ -269,12 +269,19 @@ def main() -> None:
     )
     parser.add_argument("--ngram-min", type=int, help="embedded.ngram_min (default 2)")
     parser.add_argument("--ngram-max", type=int, help="embedded.ngram_max (default 4)")
+    parser.add_argument(
+        "--heal-data",
+        choices=["calibration", "self"],
+        help="embedded.heal_data (default calibration)",
+    )
+    parser.add_argument("--heal-samples", type=int, help="embedded.heal_samples (default 256)")
     parser.add_argument("--url", help="measure a running gateway instead of starting stacks")
     args = parser.parse_args()
-    speculation = {
+    overrides = {
         k: v
         for k, v in (("speculative_tokens", args.speculative_tokens),
-                     ("ngram_min", args.ngram_min), ("ngram_max", args.ngram_max))
+                     ("ngram_min", args.ngram_min), ("ngram_max", args.ngram_max),
+                     ("heal_data", args.heal_data), ("heal_samples", args.heal_samples))
         if v is not None
     }  # fmt: skip
     if args.url:
@@ -283,10 +290,9 @@ def main() -> None:
         runs = []
         for mode in args.modes.split(","):
             if mode == "lossy" and args.heal_steps and not args.skip_unhealed:
-                runs.append(
-                    run_stack(mode, 0, args.remove, args.max_tokens, speculation)
-                )  # before healing
-            runs.append(run_stack(mode, args.heal_steps, args.remove, args.max_tokens, speculation))
+                unhealed = {k: v for k, v in overrides.items() if not k.startswith("heal_")}
+                runs.append(run_stack(mode, 0, args.remove, args.max_tokens, unhealed))
+            runs.append(run_stack(mode, args.heal_steps, args.remove, args.max_tokens, overrides))
     headline = next((r for r in reversed(runs) if r.get("mode") == "lossy"), runs[-1])
     summary = {
         k: headline[k]

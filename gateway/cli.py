@@ -44,7 +44,9 @@ def cmd_provision(args: argparse.Namespace) -> int:
         path = provision(e.home, e.python)
         print(path)
         if e.fast_mode != "ngram":
-            options = PruneOptions(e.prune_remove, e.prune_method, e.heal_steps)
+            options = PruneOptions(
+                e.prune_remove, e.prune_method, e.heal_steps, e.heal_data, e.heal_samples
+            )
             print(provision_pruned(e.home, e.python, path, options))
     except ProvisionError as exc:
         raise SystemExit(f"gearshift: {exc}") from None

@@ -253,6 +253,14 @@ class EmbeddedSettings(Section):
         "and makes greedy decoding agree across speculative and plain decoding (docs/fast-tier.md)",
     )
     heal_steps: int = Field(default=100, ge=0, description="distillation steps after pruning")
+    heal_data: Literal["calibration", "self"] = Field(
+        default="calibration",
+        description="what healing distils on: the calibration text, or conversations the full "
+        "model writes itself (docs/fast-tier.md)",
+    )
+    heal_samples: int = Field(
+        default=256, ge=4, le=20000, description="conversations written for heal_data: self"
+    )
     speculative_tokens: int | None = Field(
         default=None,
         ge=1,

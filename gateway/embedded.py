@@ -47,6 +47,8 @@ def fast_tier_identity(settings: EmbeddedSettings) -> dict[str, Any]:
             prune_method=settings.prune_method,
             heal_steps=settings.heal_steps,
         )
+        if settings.heal_data != "calibration":  # absent from records made before it existed
+            tier.update(heal_data=settings.heal_data, heal_samples=settings.heal_samples)
     return tier
 
 
@@ -96,12 +98,19 @@ def _fast_spec(
         return replace(base, speculative=ngram), (
             f"the full-depth {DEFAULT_MODEL.name} with ngram speculative decoding (fast_mode: ngram)"
         )
-    options = PruneOptions(settings.prune_remove, settings.prune_method, settings.heal_steps)
+    options = PruneOptions(
+        settings.prune_remove,
+        settings.prune_method,
+        settings.heal_steps,
+        settings.heal_data,
+        settings.heal_samples,
+    )
     pruned = provision_pruned(settings.home, settings.python, full.model_dir, options)
     if settings.fast_mode == "lossy":
         return replace(base, model_dir=pruned, speculative=ngram), (
             f"{DEFAULT_MODEL.name} with {settings.prune_remove} layers pruned ({settings.prune_method}, "
-            f"{settings.heal_steps} healing steps) and ngram speculative decoding (fast_mode: lossy)"
+            f"{settings.heal_steps} healing steps on {settings.heal_data} data) and ngram speculative "
+            "decoding (fast_mode: lossy)"
         )
     draft = {
         "method": "draft_model",

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from backends.provision import DEFAULT_MODEL, provision
+from backends.pruning import DEFAULT_CALIBRATION
 from gateway.config import EmbeddedSettings
 
 ROOT = Path(__file__).parents[2]
@@ -33,6 +34,14 @@ ids = ids["input_ids"] if hasattr(ids, "keys") else ids
 logits = model(input_ids=ids).logits
 print(json.dumps({"num_hidden_layers": config.num_hidden_layers, "layers": layers,
                   "logits": list(logits.shape), "vocab": model.config.vocab_size}))
+"""
+
+RENDER = """
+import json, sys
+from pathlib import Path
+from transformers import AutoTokenizer
+from backends.pruning import load_texts
+print(json.dumps(load_texts(Path(sys.argv[2]), AutoTokenizer.from_pretrained(sys.argv[1]))[-1]))
 """
 
 
@@ -103,16 +112,88 @@ def test_healing_reports_quality_before_and_after(tiny, tmp_path):
     assert report["healing"]["steps"] == 3
 
 
+def test_healing_on_a_file_of_conversations_keeps_it_with_the_weights(tiny, tmp_path):
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"What is {i} + {i}?"},
+        {"role": "assistant", "content": f"{i} + {i} = {2 * i}."}]}) + "\n" for i in range(5)))  # fmt: skip
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    with data.open(
+        "a"
+    ) as f:  # a `gearshift export --format trl-sft` row: tools, a call, its result
+        f.write(json.dumps({"tools": [weather], "messages": [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+                "name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+            {"role": "tool", "content": "-3 C, snow"},
+            {"role": "assistant", "content": "It is -3 C and snowing in Oslo."}]}) + "\n")  # fmt: skip
+    out = tmp_path / "healed"
+    result = prune(
+        tiny / "llama", out, "--remove", "2", "--heal-steps", "2", "--heal-data", str(data)
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    healing = json.loads((out / "gearshift-prune.json").read_text())["healing"]
+    calibration = sum(1 for line in DEFAULT_CALIBRATION.read_text().splitlines() if line.strip())
+    held_out = max(2, calibration // 5)
+    assert healing["data"] == str(data)
+    assert healing["samples"] == calibration - held_out + 6  # the training split joins the file
+    assert (out / "gearshift-heal-data.jsonl").read_bytes() == data.read_bytes()
+    rendered = subprocess.run([str(ENGINE), "-c", RENDER, str(tiny / "llama"), str(data)],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr[-2000:]
+    last = json.loads(rendered.stdout.strip().splitlines()[-1])
+    for part in ('"name": "get_weather"', '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+                 "<tool_response>\n-3 C, snow", "snowing in Oslo"):  # fmt: skip
+        assert part in last, part
+    again = tmp_path / "again"  # pruning the pruned model does not carry the old healing data along
+    assert prune(out, again, "--remove", "1").returncode == 0
+    assert not (again / "gearshift-heal-data.jsonl").exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (("--remove", "2"), "GPT2LMHeadModel is not supported"),
-        (("--remove", "6"), None),
+        (("--remove", "6"), "cannot remove 6 of 6 layers"),
+        (("--remove", "2", "--heal-data", "self"), "--heal-data self needs --heal-steps"),
+        (("--remove", "2", "--heal-steps", "1", "--heal-data", "nope.jsonl"),
+         "--heal-data nope.jsonl: no such file; give 'calibration', 'self' or a JSONL file"),
+        (("--remove", "2", "--heal-steps", "1", "--heal-data", "self", "--heal-samples", "2"),
+         "--heal-samples must be at least 4"),
     ],
-)
+)  # fmt: skip
 def test_clear_errors(tiny, tmp_path, args, message):
-    src = tiny / ("gpt2" if message else "llama")
+    src = tiny / ("gpt2" if "GPT2" in message else "llama")
     result = prune(src, tmp_path / "x", *args)
     assert result.returncode == 2
-    assert (message or "cannot remove 6 of 6 layers") in result.stderr
+    assert message in result.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_the_full_model_writes_its_own_healing_conversations(tmp_path):
+    """--heal-data self on the real default model: vLLM writes the requests and the answers."""
+    source = provision(EmbeddedSettings().home, ENGINE, DEFAULT_MODEL)
+    out = tmp_path / "self-healed"
+    result = prune(source, out, "--remove", "2", "--heal-steps", "2", "--heal-data", "self",
+                   "--heal-samples", "4")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    healing = json.loads((out / "gearshift-prune.json").read_text())["healing"]
+    assert healing["data"] == "self" and healing["self_data"]["answers_kept"] == 4
+    assert healing["self_data"]["requests_written"] >= healing["self_data"]["requests_kept"] >= 4
+    written = [
+        json.loads(line) for line in (out / "gearshift-heal-data.jsonl").read_text().splitlines()
+    ]
+    assert len(written) == 4
+    for conversation in written:
+        roles = [m["role"] for m in conversation["messages"]]
+        assert roles == ["user", "assistant"]
+        assert all(
+            m["content"].strip() == m["content"] and m["content"] for m in conversation["messages"]
+        )
+    assert len({c["messages"][0]["content"] for c in written}) == 4  # no request twice

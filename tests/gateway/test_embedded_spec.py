@@ -107,3 +107,20 @@ def test_models_without_a_recorded_tier_and_bad_policies_do_not_warn(tmp_path):
     assert embedded.router_mismatches(settings, EmbeddedSettings(prune_remove=2)) == []
     broken = RouterSettings(policy="classifier", params={"threshold": 7})
     assert embedded.router_mismatches(broken, EmbeddedSettings(prune_remove=2)) == []
+
+
+def test_self_written_healing_data_is_part_of_the_tier_and_its_cache_key():
+    from backends.provision import PruneOptions
+
+    warnings = embedded.router_mismatches(RouterSettings(), EmbeddedSettings(heal_data="self"))
+    assert len(warnings) == 2
+    assert (
+        "heal_data=None, heal_samples=None; this one has heal_data=self, heal_samples=256"
+        in (warnings[0])
+    )
+    # the default's pruning arguments (and so its cached checkpoint) are what they were
+    assert "--heal-data" not in PruneOptions(4, "block-influence", 100).args()
+    assert PruneOptions(4, heal_steps=100, heal_data="self", heal_samples=64).args()[-4:] == [
+        "--heal-data", "self", "--heal-samples", "64"]  # fmt: skip
+    with pytest.raises(ValidationError, match="greater than or equal to 4"):
+        EmbeddedSettings(heal_samples=2)
