@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -108,6 +109,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # a terminated run unwinds, so vLLM shuts its engine process down instead of orphaning it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args = parser().parse_args(argv)
     if args.samples < 1 or args.max_tokens < 16:
         print("backends.selfdata: --samples must be ≥ 1 and --max-tokens ≥ 16", file=sys.stderr)
