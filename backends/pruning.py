@@ -56,9 +56,8 @@ def load_texts(path: Path, tokenizer: Any) -> list[str]:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
             raise PruneError(f"{path}:{n}: not JSON ({exc})") from None
-        if (
-            "messages" in item
-        ):  # tools too: `gearshift export --format trl-sft` rows read as they were
+        if "messages" in item:
+            # with their tools: rows of `gearshift export --format trl-sft` render as served
             texts.append(
                 tokenizer.apply_chat_template(
                     item["messages"], tools=item.get("tools") or None, tokenize=False
@@ -255,8 +254,9 @@ def healing_texts(
         raise PruneError(
             f"--heal-data {args.heal_data}: no such file; give 'calibration', 'self' or a JSONL file"
         )
+    texts = load_texts(path, tokenizer)  # errors name the user's file, not the copy
     shutil.copyfile(path, scratch)
-    return load_texts(scratch, tokenizer), {}
+    return texts, {}
 
 
 def copy_side_files(src: Path, out: Path) -> None:

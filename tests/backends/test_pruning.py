@@ -166,6 +166,8 @@ def test_healing_on_a_file_of_conversations_keeps_it_with_the_weights(tiny, tmp_
          "--heal-data nope.jsonl: no such file; give 'calibration', 'self' or a JSONL file"),
         (("--remove", "2", "--heal-steps", "1", "--heal-data", "self", "--heal-samples", "2"),
          "--heal-samples must be at least 4"),
+        (("--remove", "2", "--heal-steps", "1", "--heal-data", str(ROOT / "pyproject.toml")),
+         "pyproject.toml:1: not JSON"),
     ],
 )  # fmt: skip
 def test_clear_errors(tiny, tmp_path, args, message):
