@@ -220,15 +220,10 @@ def heal(
 def write_self_data(src: Path, path: Path, samples: int, seed: int, quiet: bool) -> dict[str, Any]:
     """The full model writes ``samples`` conversations to ``path`` (``backends.selfdata``, in a
     child process so vLLM's engine and memory are gone before training starts)."""
-    from backends.vllm_server import BASE_ENV
-
     stats = path.with_name(path.name + ".stats")
     command = [sys.executable, "-m", "backends.selfdata", str(src), str(path), "--stats", str(stats),
                "--samples", str(samples), "--seed", str(seed), *(["--quiet"] if quiet else [])]  # fmt: skip
-    env = {**os.environ, **BASE_ENV, "PYTHONPATH": str(Path(__file__).parents[1])}
-    # vLLM's automatic binding takes one logical CPU per physical core: on a 2-vCPU machine
-    # whose vCPUs are hyperthreads of one core that is one thread, at a quarter of the speed
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, sorted(os.sched_getaffinity(0)))))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     try:
         # vLLM logs to stdout and stderr; both pass through, the counts come back in a file
         if subprocess.run(command, env=env, check=False).returncode != 0:

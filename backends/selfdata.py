@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -51,9 +52,20 @@ def keep(texts: list[tuple[str, str]], seen: set[str], min_chars: int = 8) -> li
     return kept
 
 
+def engine_env() -> None:
+    """Offline, no telemetry, and no CPU held back: vLLM's automatic binding reserves one
+    CPU for the frontend unless told otherwise, half of a 2-core machine. Set before vLLM
+    is imported (it reads them then); values the caller set win."""
+    from backends.vllm_server import BASE_ENV
+
+    for key, value in BASE_ENV.items():
+        os.environ.setdefault(key, value)
+
+
 def generate(
     src: Path, samples: int, seed: int, max_tokens: int, progress: bool
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    engine_env()
     from vllm import LLM, SamplingParams
 
     llm = LLM(

@@ -217,6 +217,22 @@ class Regime:
         return out
 
 
+def tier_sums(covered: list[Example], base: list[Example]) -> dict[str, dict[str, float]]:
+    """Per source, the summed scores of both tiers in another outcome file and of the fast
+    tier of ``--outcomes`` on the same tasks: how another fast tier compares, task by task."""
+    fast_before = {e.id: e.fast for e in base}
+    sums: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(
+        ("tasks", "full", "fast", "fast_outcomes"), 0.0))  # fmt: skip
+    for e in covered:
+        for name in (e.id.split("/")[0], "all"):
+            row = sums[name]
+            row["tasks"] += 1
+            row["full"] += e.full
+            row["fast"] += e.fast
+            row["fast_outcomes"] += fast_before[e.id]
+    return {k: {f: round(v, 2) for f, v in row.items()} for k, row in sorted(sums.items())}
+
+
 def check(
     path: Path, tasks: list[Task], greedy: Regime, sampled: Regime, margin: float
 ) -> dict[str, Any]:
@@ -224,9 +240,11 @@ def check(
     AUC and APGR on the seed-0 held-out tasks those outcomes cover."""
     rows = load(path)
     held_out = {e.id for e in greedy.tests[0]}
-    examples = examples_from([t for t in tasks if t.key in rows and t.id in held_out], rows)
+    covered = examples_from([t for t in tasks if t.key in rows], rows)
+    examples = [e for e in covered if e.id in held_out]
     out: dict[str, Any] = {"tasks": len(examples),
-                           "positives": sum(e.label(margin) for e in examples)}  # fmt: skip
+                           "positives": sum(e.label(margin) for e in examples),
+                           "tiers": tier_sums(covered, greedy.examples)}  # fmt: skip
     for regime in (greedy, sampled):
         scores = [regime.models[0].predict(e.body).probability for e in examples]
         try:
@@ -286,6 +304,9 @@ def main() -> None:
         print(f"\n{name}: {c['tasks']} held-out tasks, {c['positives']} labelled 'needs full'", file=sys.stderr)  # fmt: skip
         for model in ("greedy_model", "sampled_model"):
             print(f"  {model:14} AUC {c[model]['auc']:.3f}  APGR {c[model]['apgr']:.3f}", file=sys.stderr)  # fmt: skip
+        print(f"  {'tier scores':14} {'tasks':>5} {'full':>6} {'fast':>6} {'fast in --outcomes':>18}", file=sys.stderr)  # fmt: skip
+        for source, t in c["tiers"].items():
+            print(f"  {source:14} {t['tasks']:5.0f} {t['full']:6.1f} {t['fast']:6.1f} {t['fast_outcomes']:18.1f}", file=sys.stderr)  # fmt: skip
 
     mtbench = {r.name: mtbench_mix(r.models[0], tasks) for r in (greedy, sampled)}
     print(f"\nMT-Bench fast-tier share by category: {mtbench}", file=sys.stderr)

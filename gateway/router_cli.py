@@ -94,12 +94,12 @@ def _read_log(args: argparse.Namespace) -> tuple[list[Logged], str]:
 
 def _train_from_store(args: argparse.Namespace) -> int:
     from router.offpolicy import fit_logged
-    from router.training import DEFAULT_L2_GRID
+    from router.training import DEFAULT_L2_GRID, FOLDS
 
     logged, url = _read_log(args)
     meta = {"store": url, "tenant": args.tenant, "since": args.since, "until": args.until}
     grid = DEFAULT_L2_GRID if args.l2 is None else (args.l2,)
-    fits = 1 + (len(grid) * 5 if len(grid) > 1 else 0)
+    fits = 1 + (len(grid) * FOLDS if len(grid) > 1 else 0)
     print(f"fitting on {len(logged)} steps ({fits} fits)", file=sys.stderr, flush=True)
     try:
         spec = fit_logged(

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from router.classifier import Classifier
-from router.training import DEFAULT_L2_GRID, Example, fit_labels
+from router.training import DEFAULT_L2_GRID, FOLDS, Example, fit_labels
 from router.types import Tier
 
 
@@ -188,7 +188,7 @@ def fit_logged(
     quality_target: float = 0.9,
     bits: int = 12,
     l2_grid: Sequence[float] = DEFAULT_L2_GRID,
-    folds: int = 5,
+    folds: int = FOLDS,
     seed: int = 0,
     meta: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from router.types import SessionState
 
 DEFAULT_MARGIN = 0.25
 DEFAULT_L2_GRID = (0.3, 0.1, 0.03, 0.01, 0.003)
+FOLDS = 5  # cross-validation folds for choosing the L2 strength
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ def fit_labels(
     *,
     bits: int = 12,
     l2_grid: Sequence[float] = DEFAULT_L2_GRID,
-    folds: int = 5,
+    folds: int = FOLDS,
     seed: int = 0,
 ) -> Fitted:
     """Fit on given 0/1 labels. Unweighted: classes balanced, L2 strength by stratified
@@ -222,7 +223,7 @@ def fit(
     bits: int = 12,
     margin: float = DEFAULT_MARGIN,
     l2_grid: Sequence[float] = DEFAULT_L2_GRID,
-    folds: int = 5,
+    folds: int = FOLDS,
     quality_target: float = 0.9,
     seed: int = 0,
     meta: Mapping[str, Any] | None = None,
