@@ -154,7 +154,12 @@ def provision_pruned(home: Path, python: Path, full_dir: Path, options: PruneOpt
     tqdm.write(
         f"[provision] building the fast tier: {' '.join(options.args())} (once; a few minutes on 2 cores)"
     )
-    if run_pruning(python, [str(full_dir), str(out), *options.args()]) != 0:
+    args = [str(full_dir), str(out), *options.args()]
+    if options.heal_data == "self":  # written once per model and selfdata code, shared by prunings
+        code = hashlib.sha256(SELFDATA.read_bytes()).hexdigest()[:10]
+        shared = home / "heal-data" / f"{full_dir.name}-self-{options.heal_samples}-{code}.jsonl"
+        args += ["--self-data", str(shared)]
+    if run_pruning(python, args) != 0:
         raise ProvisionError("pruning the fast-tier model failed; see the output above")
     (out / COMPLETE_MARKER).write_text(key.hexdigest() + "\n")
     return out

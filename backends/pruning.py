@@ -233,6 +233,37 @@ def write_self_data(src: Path, path: Path, samples: int, seed: int, quiet: bool)
         stats.unlink(missing_ok=True)
 
 
+def self_data(args: argparse.Namespace, src: Path, scratch: Path) -> dict[str, Any]:
+    """The full model's conversations at ``scratch``: written now, or copied from
+    ``--self-data FILE`` when an earlier run wrote them there for the same model, sample count
+    and seed (writing takes minutes and does not depend on what is pruned, so prunings of one
+    model share it)."""
+    made_by = {"source": src.resolve().name, "samples": args.heal_samples, "seed": args.seed}
+    kept = Path(args.self_data) if args.self_data else None
+    if kept is not None:
+        kept_stats = kept.with_name(kept.name + ".stats.json")
+        if kept.is_file() and kept_stats.is_file():
+            try:
+                stats = json.loads(kept_stats.read_text())
+            except ValueError:
+                stats = {}  # unreadable: written again below
+            if stats.get("made_by") == made_by:
+                shutil.copyfile(kept, scratch)
+                return {**stats, "reused": str(kept)}
+    started = time.monotonic()
+    stats = write_self_data(src, scratch, args.heal_samples, args.seed, args.quiet)
+    stats["seconds"] = round(time.monotonic() - started, 1)
+    stats["made_by"] = made_by
+    if kept is not None:  # data first, stats last: a stats file says its data is whole
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        partial = kept.with_name(kept.name + ".partial")
+        shutil.copyfile(scratch, partial)
+        partial.replace(kept)
+        partial.write_text(json.dumps(stats))
+        partial.replace(kept_stats)
+    return stats
+
+
 def healing_texts(
     args: argparse.Namespace, src: Path, tokenizer: Any, scratch: Path
 ) -> tuple[list[str], dict[str, Any]]:
@@ -240,9 +271,7 @@ def healing_texts(
     if args.heal_data == "calibration":
         return [], {}
     if args.heal_data == "self":
-        started = time.monotonic()
-        stats = write_self_data(src, scratch, args.heal_samples, args.seed, args.quiet)
-        stats["seconds"] = round(time.monotonic() - started, 1)
+        stats = self_data(args, src, scratch)
         return load_texts(scratch, tokenizer), stats
     path = Path(args.heal_data)
     if not path.is_file():
@@ -349,6 +378,8 @@ def checked_amount(
         )
     if args.heal_data != "calibration" and not args.heal_steps:
         raise PruneError(f"--heal-data {args.heal_data} needs --heal-steps")
+    if args.self_data and args.heal_data != "self":
+        raise PruneError("--self-data keeps what --heal-data self writes; add --heal-data self")
     return arch, n_layers, remove
 
 
@@ -394,6 +425,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--heal-samples", type=int, default=256, help="conversations written for --heal-data self"
+    )
+    p.add_argument(
+        "--self-data",
+        metavar="FILE",
+        help="with --heal-data self: keep the written conversations in FILE and reuse them from "
+        "there on later runs with the same model, --heal-samples and --seed",
     )
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--max-len", type=int, default=512, help="tokens per calibration sample")

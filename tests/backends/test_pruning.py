@@ -166,6 +166,8 @@ def test_healing_on_a_file_of_conversations_keeps_it_with_the_weights(tiny, tmp_
          "--heal-data nope.jsonl: no such file; give 'calibration', 'self' or a JSONL file"),
         (("--remove", "2", "--heal-steps", "1", "--heal-data", "self", "--heal-samples", "2"),
          "--heal-samples must be at least 4"),
+        (("--remove", "2", "--heal-steps", "1", "--self-data", "kept.jsonl"),
+         "--self-data keeps what --heal-data self writes; add --heal-data self"),
         (("--remove", "2", "--heal-steps", "1", "--heal-data", str(ROOT / "pyproject.toml")),
          "pyproject.toml:1: not JSON"),
     ],
@@ -181,12 +183,24 @@ def test_clear_errors(tiny, tmp_path, args, message):
 def test_the_full_model_writes_its_own_healing_conversations(tmp_path):
     """--heal-data self on the real default model: vLLM writes the requests and the answers."""
     source = provision(EmbeddedSettings().home, ENGINE, DEFAULT_MODEL)
-    out = tmp_path / "self-healed"
+    out, shared = tmp_path / "self-healed", tmp_path / "shared" / "self.jsonl"
     result = prune(source, out, "--remove", "2", "--heal-steps", "2", "--heal-data", "self",
-                   "--heal-samples", "4")  # fmt: skip
+                   "--heal-samples", "4", "--self-data", str(shared))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     healing = json.loads((out / "gearshift-prune.json").read_text())["healing"]
     assert healing["data"] == "self" and healing["self_data"]["answers_kept"] == 4
+    assert "reused" not in healing["self_data"]
+    assert shared.read_bytes() == (out / "gearshift-heal-data.jsonl").read_bytes()
+
+    # Another pruning of the same model heals on the same conversations without writing them.
+    again = tmp_path / "again"
+    result = prune(source, again, "--remove", "3", "--heal-steps", "1", "--heal-data", "self",
+                   "--heal-samples", "4", "--self-data", str(shared))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    reused = json.loads((again / "gearshift-prune.json").read_text())["healing"]["self_data"]
+    assert reused["reused"] == str(shared)
+    assert reused["requests_written"] == healing["self_data"]["requests_written"]
+    assert (again / "gearshift-heal-data.jsonl").read_bytes() == shared.read_bytes()
     assert healing["self_data"]["requests_written"] >= healing["self_data"]["requests_kept"] >= 4
     written = [
         json.loads(line) for line in (out / "gearshift-heal-data.jsonl").read_text().splitlines()
