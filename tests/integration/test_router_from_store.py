@@ -106,9 +106,9 @@ def test_learns_from_explored_steps_and_their_feedback(make_stack, tmp_path: Pat
     assert report["model"] > report["logged"] and report["always_fast"] < 0.75
     # the reward-for-full-share table: nothing on full earns always-fast's, all on full its own
     table = report["tradeoff"]
-    assert (
-        table[0]["reward"] == report["always_fast"] and table[-1]["reward"] == report["always_full"]
-    )
+    # (the same estimate summed in another order: equal up to rounding)
+    assert table[0]["reward"] == pytest.approx(report["always_fast"])
+    assert table[-1]["reward"] == pytest.approx(report["always_full"])
     assert "share of steps on full -> estimated mean reward" in ev.stdout
 
 
