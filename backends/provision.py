@@ -113,10 +113,17 @@ class PruneOptions:
     heal_data: str = "calibration"
     heal_samples: int = 256
 
+    @property
+    def self_written(self) -> bool:
+        """Healing distils on conversations the full model writes (``heal_data: self``)."""
+        return bool(self.heal_steps) and self.heal_data == "self"
+
     def args(self) -> list[str]:
         args = ["--remove", str(self.remove), "--method", self.method,
                 "--heal-steps", str(self.heal_steps)]  # fmt: skip
-        if self.heal_data != "calibration":  # the default's cache key stays what it was
+        # calibration text adds no arguments, so such checkpoints keep their cache keys;
+        # without healing steps there is nothing to distil on, whatever heal_data says
+        if self.heal_steps and self.heal_data != "calibration":
             args += ["--heal-data", self.heal_data, "--heal-samples", str(self.heal_samples)]
         return args
 
@@ -145,17 +152,19 @@ def provision_pruned(home: Path, python: Path, full_dir: Path, options: PruneOpt
     key.update(json.dumps(options.args()).encode())
     key.update(CALIBRATION.read_bytes())
     key.update(PRUNING.read_bytes())
-    if options.heal_data == "self":
+    if options.self_written:
         key.update(SELFDATA.read_bytes())
     out = home / "models" / f"{full_dir.name}-pruned-{key.hexdigest()[:10]}"
     if (out / COMPLETE_MARKER).exists():
         log.info("fast-tier model cached at %s", out)
         return out
+    took = "up to 25 minutes" if options.self_written else "a few minutes"
     tqdm.write(
-        f"[provision] building the fast tier: {' '.join(options.args())} (once; a few minutes on 2 cores)"
+        f"[provision] building the fast tier: {' '.join(options.args())} "
+        f"(once per model and options; {took} on 2 cores for the default model)"
     )
     args = [str(full_dir), str(out), *options.args()]
-    if options.heal_data == "self":  # written once per model and selfdata code, shared by prunings
+    if options.self_written:  # written once per model and selfdata code, shared by prunings
         code = hashlib.sha256(SELFDATA.read_bytes()).hexdigest()[:10]
         shared = home / "heal-data" / f"{full_dir.name}-self-{options.heal_samples}-{code}.jsonl"
         args += ["--self-data", str(shared)]

@@ -1,10 +1,10 @@
 """Fast tier vs full tier of the embedded default: speed and quality retention, in one run.
 
-    python -m bench.tiers [--modes lossy,lossless] [--heal-steps 60] [--url URL]
+    python -m bench.tiers [--modes lossy,lossless] [--remove 4] [--heal-steps 400] [--url URL]
 
 For each fast-tier mode it starts ``gearshift serve`` (embedded stack, its own ports) — for
-``lossy`` twice, without and with healing — and sends the same prompts to both tiers
-(pinned by model name, greedy decoding):
+``lossy`` twice, without healing and with it (the embedded defaults unless given) — and sends
+the same prompts to both tiers (pinned by model name, greedy decoding):
 
 * decode speed on natural answers (each question below, asked to explain itself; answers
   stop on their own): streamed tokens per second after the first token at concurrency 1, and
@@ -37,6 +37,7 @@ from typing import Any
 import aiohttp
 
 from bench.procs import wait_http
+from gateway.config import EmbeddedSettings
 
 FULL, FAST = "full", "fast"
 QUESTIONS = [
@@ -258,9 +259,14 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--modes", default="lossy,lossless")
-    parser.add_argument("--heal-steps", type=int, default=60)
+    default = EmbeddedSettings()
+    parser.add_argument(
+        "--heal-steps", type=int, default=default.heal_steps, help="embedded.heal_steps"
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--remove", type=int, default=8, help="layers pruned for the fast tier")
+    parser.add_argument(
+        "--remove", type=int, default=default.prune_remove, help="embedded.prune_remove"
+    )
     parser.add_argument(
         "--skip-unhealed", action="store_true", help="lossy: do not also measure before healing"
     )
@@ -272,9 +278,11 @@ def main() -> None:
     parser.add_argument(
         "--heal-data",
         choices=["calibration", "self"],
-        help="embedded.heal_data (default calibration)",
+        help=f"embedded.heal_data (default {default.heal_data})",
     )
-    parser.add_argument("--heal-samples", type=int, help="embedded.heal_samples (default 256)")
+    parser.add_argument(
+        "--heal-samples", type=int, help=f"embedded.heal_samples (default {default.heal_samples})"
+    )
     parser.add_argument("--url", help="measure a running gateway instead of starting stacks")
     args = parser.parse_args()
     overrides = {

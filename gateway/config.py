@@ -252,9 +252,9 @@ class EmbeddedSettings(Section):
         description="weights and activations of both servers; float32 doubles the KV budget "
         "and makes greedy decoding agree across speculative and plain decoding (docs/fast-tier.md)",
     )
-    heal_steps: int = Field(default=100, ge=0, description="distillation steps after pruning")
+    heal_steps: int = Field(default=400, ge=0, description="distillation steps after pruning")
     heal_data: Literal["calibration", "self"] = Field(
-        default="calibration",
+        default="self",
         description="what healing distils on: the calibration text, or conversations the full "
         "model writes itself (docs/fast-tier.md)",
     )

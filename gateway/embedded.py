@@ -47,9 +47,20 @@ def fast_tier_identity(settings: EmbeddedSettings) -> dict[str, Any]:
             prune_method=settings.prune_method,
             heal_steps=settings.heal_steps,
         )
-        if settings.heal_data != "calibration":  # absent from records made before it existed
+        # absent from records made before it existed, and meaningless without healing
+        if settings.heal_steps and settings.heal_data != "calibration":
             tier.update(heal_data=settings.heal_data, heal_samples=settings.heal_samples)
     return tier
+
+
+def _settings(tier: dict[str, Any], keys: list[str]) -> str:
+    """``k=v, ...`` for the keys the tier has; a calibration-healed tier records no heal_data."""
+    shown = (
+        {**tier, "heal_data": tier.get("heal_data", "calibration")}
+        if tier.get("heal_steps")
+        else tier
+    )
+    return ", ".join(f"{k}={shown[k]}" for k in keys if k in shown)
 
 
 def router_mismatches(router: RouterSettings, settings: EmbeddedSettings) -> list[str]:
@@ -71,9 +82,9 @@ def router_mismatches(router: RouterSettings, settings: EmbeddedSettings) -> lis
         )
         warnings[model.source] = (
             f"router model {model.source} learned from a fast tier with "
-            + ", ".join(f"{k}={trained.get(k)}" for k in differs)
+            + _settings(trained, differs)
             + "; this one has "
-            + ", ".join(f"{k}={serving.get(k)}" for k in differs)
+            + _settings(serving, differs)
             + ": its scores no longer describe the serving tier; collect this tier's outcomes "
             "and retrain (docs/fast-tier.md)"
         )

@@ -112,15 +112,20 @@ def test_models_without_a_recorded_tier_and_bad_policies_do_not_warn(tmp_path):
 def test_self_written_healing_data_is_part_of_the_tier_and_its_cache_key():
     from backends.provision import PruneOptions
 
-    warnings = embedded.router_mismatches(RouterSettings(), EmbeddedSettings(heal_data="self"))
+    calibration = EmbeddedSettings(heal_data="calibration", heal_steps=100)
+    warnings = embedded.router_mismatches(RouterSettings(), calibration)
     assert len(warnings) == 2
     assert (
-        "heal_data=None, heal_samples=None; this one has heal_data=self, heal_samples=256"
-        in (warnings[0])
+        "with heal_data=self, heal_samples=256, heal_steps=400; "
+        "this one has heal_data=calibration, heal_steps=100:" in warnings[0]
     )
-    # the default's pruning arguments (and so its cached checkpoint) are what they were
+    # calibration-healed checkpoints keep the pruning arguments (and cache keys) they had
     assert "--heal-data" not in PruneOptions(4, "block-influence", 100).args()
     assert PruneOptions(4, heal_steps=100, heal_data="self", heal_samples=64).args()[-4:] == [
         "--heal-data", "self", "--heal-samples", "64"]  # fmt: skip
+    # without healing steps nothing is written or distilled, whatever heal_data says
+    unhealed = PruneOptions(4, heal_steps=0, heal_data="self")
+    assert not unhealed.self_written and "--heal-data" not in unhealed.args()
+    assert "heal_data" not in embedded.fast_tier_identity(EmbeddedSettings(heal_steps=0))
     with pytest.raises(ValidationError, match="greater than or equal to 4"):
         EmbeddedSettings(heal_samples=2)
