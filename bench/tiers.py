@@ -8,7 +8,9 @@ the same prompts to both tiers (pinned by model name, greedy decoding):
 
 * decode speed on natural answers (each question below, asked to explain itself; answers
   stop on their own): streamed tokens per second after the first token at concurrency 1, and
-  total tokens per second four requests at a time; ``speedup_c1``/``speedup_c4`` = fast / full;
+  total tokens per second four requests at a time; ``speedup_c1``/``speedup_c4`` = fast / full,
+  pooled over ``--rounds`` (3) rounds in which the two tiers take turns prompt by prompt (each
+  round's own ratios are listed too);
 * exact-answer questions (answer must contain the expected text), greedy agreement with the
   full tier (identical completions), and forced tool calls (``tool_choice`` naming the
   function, strict schema; the arguments must parse and name the expected value);
@@ -136,28 +138,54 @@ def _decode_rate(runs: list[tuple[int, float, float]]) -> float:
     return sum(n - 1 for n, _, _ in runs) / sum(dt for _, _, dt in runs)
 
 
-async def speed(
-    session: aiohttp.ClientSession, url: str, model: str, max_tokens: int
-) -> dict[str, float]:
-    """Decode speed on natural answers to the question set (they stop on their own, at most
-    ``max_tokens``): concurrency 1, then the same prompts four at a time."""
+async def speeds(
+    session: aiohttp.ClientSession, url: str, max_tokens: int, rounds: int
+) -> tuple[dict[str, dict[str, float]], list[dict[str, float]]]:
+    """Decode speed of both tiers on natural answers to the question set (they stop on their
+    own, at most ``max_tokens``): each prompt alone (concurrency 1), then the prompts four at
+    a time. Interleaved: every prompt and every batch goes to one tier and then the other,
+    the order alternating, ``rounds`` times over, so both tiers run under the same load on
+    a shared machine and a burst of noise hits both rather than one tier's whole
+    measurement. Greedy answers repeat exactly, so every round measures the same work.
+    Returns the pooled figures per tier and the speedups of each round."""
     prompts = [f"{q} Explain your answer in a short paragraph." for q, _ in QUESTIONS]
-    await stream_speed(
-        session, url, model, prompts[0], 8
-    )  # warm-up (ngram speculation JIT-compiles)
-    sequential = [await stream_speed(session, url, model, p, max_tokens) for p in prompts]
-    started = time.perf_counter()
-    total = 0
-    for i in range(0, len(prompts), 4):
-        batch = await asyncio.gather(
-            *(stream_speed(session, url, model, p, max_tokens) for p in prompts[i : i + 4])
-        )
-        total += sum(n for n, _, _ in batch)
-    return {
-        "tok_s_c1": round(_decode_rate(sequential), 1),
-        "tok_s_c4": round(total / (time.perf_counter() - started), 1),
-        "tokens_c1": sum(n for n, _, _ in sequential),
+    for model in (FULL, FAST):  # warm-up (ngram speculation JIT-compiles)
+        await stream_speed(session, url, model, prompts[0], 8)
+    sequential: dict[str, list[tuple[int, float, float]]] = {FULL: [], FAST: []}
+    batched = {FULL: [0, 0.0], FAST: [0, 0.0]}  # tokens, seconds
+    per_round: list[dict[str, float]] = []
+    for r in range(rounds):
+        seq_round: dict[str, list[tuple[int, float, float]]] = {FULL: [], FAST: []}
+        batch_round = {FULL: [0, 0.0], FAST: [0, 0.0]}
+        for i, prompt in enumerate(prompts):
+            for model in (FULL, FAST) if (i + r) % 2 == 0 else (FAST, FULL):
+                seq_round[model].append(await stream_speed(session, url, model, prompt, max_tokens))
+        for i in range(0, len(prompts), 4):
+            for model in (FULL, FAST) if (i // 4 + r) % 2 == 0 else (FAST, FULL):
+                started = time.perf_counter()
+                batch = await asyncio.gather(
+                    *(stream_speed(session, url, model, p, max_tokens) for p in prompts[i : i + 4])
+                )
+                batch_round[model][0] += sum(n for n, _, _ in batch)
+                batch_round[model][1] += time.perf_counter() - started
+        for model in (FULL, FAST):
+            sequential[model] += seq_round[model]
+            batched[model][0] += batch_round[model][0]
+            batched[model][1] += batch_round[model][1]
+        per_round.append({
+            "speedup_c1": round(_decode_rate(seq_round[FAST]) / _decode_rate(seq_round[FULL]), 2),
+            "speedup_c4": round((batch_round[FAST][0] / batch_round[FAST][1])
+                                / (batch_round[FULL][0] / batch_round[FULL][1]), 2),
+        })  # fmt: skip
+    tiers = {
+        model: {
+            "tok_s_c1": round(_decode_rate(sequential[model]), 1),
+            "tok_s_c4": round(batched[model][0] / batched[model][1], 1),
+            "tokens_c1": sum(n for n, _, _ in sequential[model]) // rounds,  # one round's answers
+        }
+        for model in (FULL, FAST)
     }
+    return tiers, per_round
 
 
 async def quality(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
@@ -194,13 +222,15 @@ async def quality(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-async def measure(url: str, max_tokens: int) -> dict[str, Any]:
+async def measure(url: str, max_tokens: int, rounds: int = 3) -> dict[str, Any]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        full = await speed(session, url, FULL, max_tokens)
-        fast = await speed(session, url, FAST, max_tokens)
+        tiers, per_round = await speeds(session, url, max_tokens, rounds)
         q = await quality(session, url)
+    full, fast = tiers[FULL], tiers[FAST]
     return {"full": full, "fast": fast, "speedup_c1": round(fast["tok_s_c1"] / full["tok_s_c1"], 2),
-            "speedup_c4": round(fast["tok_s_c4"] / full["tok_s_c4"], 2), **q}  # fmt: skip
+            "speedup_c4": round(fast["tok_s_c4"] / full["tok_s_c4"], 2),
+            "speedup_c1_rounds": [r["speedup_c1"] for r in per_round],
+            "speedup_c4_rounds": [r["speedup_c4"] for r in per_round], **q}  # fmt: skip
 
 
 def free_port() -> int:
@@ -242,13 +272,18 @@ def embedded_stack(env: dict[str, str] | None = None, label: str = "") -> Iterat
 
 
 def run_stack(
-    mode: str, heal_steps: int, remove: int, max_tokens: int, overrides: dict[str, int | str]
+    mode: str,
+    heal_steps: int,
+    remove: int,
+    max_tokens: int,
+    overrides: dict[str, int | str],
+    rounds: int = 3,
 ) -> dict[str, Any]:
     env = {"GEARSHIFT_EMBEDDED__FAST_MODE": mode, "GEARSHIFT_EMBEDDED__HEAL_STEPS": str(heal_steps),
            "GEARSHIFT_EMBEDDED__PRUNE_REMOVE": str(remove),
            **{f"GEARSHIFT_EMBEDDED__{k.upper()}": str(v) for k, v in overrides.items()}}  # fmt: skip
     with embedded_stack(env, f"[{mode}, heal {heal_steps}] ") as url:
-        result = asyncio.run(measure(url, max_tokens))
+        result = asyncio.run(measure(url, max_tokens, rounds))
     result.update({"mode": mode, "heal_steps": heal_steps, "layers_removed": remove, **overrides})
     print(json.dumps(result), flush=True)
     return result
@@ -264,6 +299,10 @@ def main() -> None:
         "--heal-steps", type=int, default=default.heal_steps, help="embedded.heal_steps"
     )
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument(
+        "--rounds", type=int, default=3,
+        help="speed rounds, both tiers interleaved in each (the speedups pool them)",
+    )  # fmt: skip
     parser.add_argument(
         "--remove", type=int, default=default.prune_remove, help="embedded.prune_remove"
     )
@@ -293,14 +332,18 @@ def main() -> None:
         if v is not None
     }  # fmt: skip
     if args.url:
-        runs = [asyncio.run(measure(args.url.rstrip("/"), args.max_tokens))]
+        runs = [asyncio.run(measure(args.url.rstrip("/"), args.max_tokens, args.rounds))]
     else:
         runs = []
         for mode in args.modes.split(","):
             if mode == "lossy" and args.heal_steps and not args.skip_unhealed:
                 unhealed = {k: v for k, v in overrides.items() if not k.startswith("heal_")}
-                runs.append(run_stack(mode, 0, args.remove, args.max_tokens, unhealed))
-            runs.append(run_stack(mode, args.heal_steps, args.remove, args.max_tokens, overrides))
+                runs.append(run_stack(mode, 0, args.remove, args.max_tokens, unhealed, args.rounds))
+            runs.append(
+                run_stack(
+                    mode, args.heal_steps, args.remove, args.max_tokens, overrides, args.rounds
+                )
+            )
     headline = next((r for r in reversed(runs) if r.get("mode") == "lossy"), runs[-1])
     summary = {
         k: headline[k]
