@@ -324,6 +324,8 @@ def main() -> None:
     )
     parser.add_argument("--url", help="measure a running gateway instead of starting stacks")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     overrides = {
         k: v
         for k, v in (("speculative_tokens", args.speculative_tokens),
