@@ -265,8 +265,8 @@ class EmbeddedSettings(Section):
         default=None,
         ge=1,
         le=16,
-        description="tokens proposed per decoding step; default 4 for ngram speculation, "
-        "3 for the lossless mode's draft model",
+        description="tokens proposed per decoding step; default 6 for the lossy mode's ngram "
+        "speculation, 4 for the ngram mode's, 3 for the lossless mode's draft model",
     )
     ngram_min: int = Field(default=2, ge=1, description="shortest prompt n-gram matched to draft")
     ngram_max: int = Field(default=4, ge=1, description="longest prompt n-gram matched to draft")

@@ -102,9 +102,10 @@ def _fast_spec(
         port=settings.fast_port,
         cpu_bind=cpu_bind,
     )
-    ngram = ngram_speculation(
-        settings.speculative_tokens or 4, settings.ngram_min, settings.ngram_max
-    )
+    # 6 drafted tokens for the pruned model (measured faster than 4 in two runs each, in
+    # turns: docs/fast-tier.md); the full model's ngram mode keeps the 4 it was measured with
+    drafted = settings.speculative_tokens or (6 if settings.fast_mode == "lossy" else 4)
+    ngram = ngram_speculation(drafted, settings.ngram_min, settings.ngram_max)
     if settings.fast_mode == "ngram":
         return replace(base, speculative=ngram), (
             f"the full-depth {DEFAULT_MODEL.name} with ngram speculative decoding (fast_mode: ngram)"

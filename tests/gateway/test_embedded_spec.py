@@ -33,8 +33,9 @@ def test_lossy_serves_the_pruned_model_with_the_default_ngram_settings():
     spec = fast()
     assert spec.model_dir == PRUNED and spec.cpu_bind == "1"
     assert dict(spec.speculative or {}) == {
-        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
+        "method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
     }  # fmt: skip
+    assert (fast(fast_mode="ngram").speculative or {})["num_speculative_tokens"] == 4
 
 
 @pytest.mark.parametrize("mode", ["lossy", "ngram"])
