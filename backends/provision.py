@@ -114,16 +114,21 @@ class PruneOptions:
     heal_samples: int = 256
 
     @property
+    def other_heal_data(self) -> bool:
+        """Healing distils on something besides the calibration text. Without healing steps
+        nothing is distilled, whatever ``heal_data`` says."""
+        return bool(self.heal_steps) and self.heal_data != "calibration"
+
+    @property
     def self_written(self) -> bool:
         """Healing distils on conversations the full model writes (``heal_data: self``)."""
-        return bool(self.heal_steps) and self.heal_data == "self"
+        return self.other_heal_data and self.heal_data == "self"
 
     def args(self) -> list[str]:
         args = ["--remove", str(self.remove), "--method", self.method,
                 "--heal-steps", str(self.heal_steps)]  # fmt: skip
-        # calibration text adds no arguments, so such checkpoints keep their cache keys;
-        # without healing steps there is nothing to distil on, whatever heal_data says
-        if self.heal_steps and self.heal_data != "calibration":
+        # calibration text adds no arguments, so such checkpoints keep their cache keys
+        if self.other_heal_data:
             args += ["--heal-data", self.heal_data, "--heal-samples", str(self.heal_samples)]
         return args
 

@@ -36,7 +36,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
-    from backends.provision import ProvisionError, PruneOptions, provision, provision_pruned
+    from backends.provision import ProvisionError, provision, provision_pruned
+    from gateway.embedded import prune_options
 
     settings = load_config(args.config)
     e = settings.embedded
@@ -44,10 +45,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
         path = provision(e.home, e.python)
         print(path)
         if e.fast_mode != "ngram":
-            options = PruneOptions(
-                e.prune_remove, e.prune_method, e.heal_steps, e.heal_data, e.heal_samples
-            )
-            print(provision_pruned(e.home, e.python, path, options))
+            print(provision_pruned(e.home, e.python, path, prune_options(e)))
     except ProvisionError as exc:
         raise SystemExit(f"gearshift: {exc}") from None
     return 0

@@ -36,6 +36,17 @@ class EmbeddedStack:
     model_dirs: dict[Tier, Path]
 
 
+def prune_options(settings: EmbeddedSettings) -> PruneOptions:
+    """How the embedded fast-tier model is pruned and healed."""
+    return PruneOptions(
+        settings.prune_remove,
+        settings.prune_method,
+        settings.heal_steps,
+        settings.heal_data,
+        settings.heal_samples,
+    )
+
+
 def fast_tier_identity(settings: EmbeddedSettings) -> dict[str, Any]:
     """What decides how the fast tier answers: the model and, for the lossy mode, how it
     was pruned. The router's models learn where this tier falls short, so their files
@@ -48,7 +59,7 @@ def fast_tier_identity(settings: EmbeddedSettings) -> dict[str, Any]:
             heal_steps=settings.heal_steps,
         )
         # absent from records made before it existed, and meaningless without healing
-        if settings.heal_steps and settings.heal_data != "calibration":
+        if prune_options(settings).other_heal_data:
             tier.update(heal_data=settings.heal_data, heal_samples=settings.heal_samples)
     return tier
 
@@ -110,14 +121,9 @@ def _fast_spec(
         return replace(base, speculative=ngram), (
             f"the full-depth {DEFAULT_MODEL.name} with ngram speculative decoding (fast_mode: ngram)"
         )
-    options = PruneOptions(
-        settings.prune_remove,
-        settings.prune_method,
-        settings.heal_steps,
-        settings.heal_data,
-        settings.heal_samples,
+    pruned = provision_pruned(
+        settings.home, settings.python, full.model_dir, prune_options(settings)
     )
-    pruned = provision_pruned(settings.home, settings.python, full.model_dir, options)
     if settings.fast_mode == "lossy":
         return replace(base, model_dir=pruned, speculative=ngram), (
             f"{DEFAULT_MODEL.name} with {settings.prune_remove} layers pruned ({settings.prune_method}, "
