@@ -1,6 +1,6 @@
 """Seeded mutations of valid requests to every endpoint: whatever is changed, the gateway
-answers in the OpenAI error shape with a 4xx (or serves the request), never a 5xx, and keeps
-serving. The mutations are the kinds of damage clients really do: wrong types, nulls, empty
+answers in the OpenAI error shape with a 4xx (or serves the request), never a 5xx, keeps
+serving, and records every step it answered. The mutations are the kinds of damage clients really do: wrong types, nulls, empty
 and huge values, lone surrogates, big and non-finite numbers, unknown or missing keys."""
 
 from __future__ import annotations
@@ -118,6 +118,7 @@ def test_mutated_requests_get_4xx_or_an_answer_never_a_5xx(make_stack, sandbox_r
                                 grants_by_tenant={"default": EVERYTHING})  # fmt: skip
     rng = random.Random(20261130)
     failures: list[str] = []
+    served: list[str] = []  # step ids of the mutated requests that were answered
     with serve_in_thread(create_app(sandbox_cfg), port=port):
         stack = make_stack([FakeUpstream()], [FakeUpstream("fast")],
                            sandbox={"token": "t", "host": "127.0.0.1", "port": port})  # fmt: skip
@@ -130,6 +131,8 @@ def test_mutated_requests_get_4xx_or_an_answer_never_a_5xx(make_stack, sandbox_r
                 method, path, body = REQUESTS[i % len(REQUESTS)]
                 raw = mutate(body, rng)
                 r = client.request(method, path, content=raw, headers=headers)
+                if r.status_code == 200 and "x-gearshift-step-id" in r.headers:
+                    served.append(r.headers["x-gearshift-step-id"])
                 if r.status_code >= 500:
                     failures.append(f"{path} {r.status_code} {r.text[:300]} <- {raw[:400]!r}")
                 elif r.status_code >= 400:
@@ -141,6 +144,10 @@ def test_mutated_requests_get_4xx_or_an_answer_never_a_5xx(make_stack, sandbox_r
                         )
             assert client.post("/v1/chat/completions", json={"model": "full", "messages": [
                 {"role": "user", "content": "still there?"}]}).status_code == 200  # fmt: skip
+            # the damaged requests around them lost none of the answered steps
+            lost = [i for i in served if client.get(f"/v1/steps/{i}").status_code != 200]
+    assert len(served) > 30, "too few mutated requests were answered to check recording"
+    assert not lost, f"{len(lost)} of {len(served)} answered steps were not recorded"
     assert not failures, "\n".join(failures[:20])
 
 
