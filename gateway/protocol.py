@@ -34,6 +34,7 @@ class ToolCall(OpenAIModel):
 
 class ContentPart(OpenAIModel):
     type: str
+    text: str | None = None  # a text part's words; whatever else a part carries passes through
 
 
 class ChatMessage(OpenAIModel):
@@ -108,16 +109,24 @@ def note_unknown_fields(endpoint: str, body: dict[str, Any], seen: set[str]) -> 
             log.info("forwarding unrecognised %s field %r to vLLM unchanged", endpoint, key)
 
 
+def _is_branch_tag(part: str) -> bool:
+    return part[:1].islower() and ("[" in part or part in {"str", "int", "dict", "list", "bool"})
+
+
 def describe(exc: ValidationError) -> tuple[str, str | None]:
     """One readable sentence for the first validation error, and the offending parameter."""
-    first = exc.errors(include_url=False)[0]
-    loc = [str(p) for p in first["loc"]]
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    if first["loc"] and _is_branch_tag(str(first["loc"][-1])):
+        # A value no branch of a union accepted: pydantic lists each branch's complaint; the
+        # one that got deepest into the value says what is wrong (content parts whose text
+        # is not a string, rather than "content should be a string").
+        base = first["loc"][:-1]
+        first = max(
+            (e for e in errors if e["loc"][: len(base)] == base), key=lambda e: len(e["loc"])
+        )
     # Drop pydantic's union-branch tags ('str', 'list[...]') from the path.
-    loc = [
-        p
-        for p in loc
-        if not (p[:1].islower() and ("[" in p or p in {"str", "int", "dict", "list", "bool"}))
-    ]
+    loc = [str(p) for p in first["loc"] if not _is_branch_tag(str(p))]
     param = ".".join(loc) or None
     got = first.get("input")
     got_text = (

@@ -64,7 +64,8 @@ def _text(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence):
-        return " ".join(p.get("text") or "" for p in content if isinstance(p, Mapping))
+        texts = (p.get("text") for p in content if isinstance(p, Mapping))
+        return " ".join(t for t in texts if isinstance(t, str))
     return ""
 
 

@@ -32,6 +32,13 @@ def test_unknown_fields_are_kept_and_logged_once(caplog):
             "'seed': Input should be a valid integer (got float '1.5')",
         ),
         ({"messages": [{"role": "user"}]}, "'model': Field required"),
+        (  # the union branch that got deepest names the fault, not "content should be a string"
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": [{"type": "text", "text": 7}]}],
+            },
+            "'messages.0.content.0.text': Input should be a valid string (got int '7')",
+        ),
     ],
 )
 def test_describe_names_the_parameter(body, expected):

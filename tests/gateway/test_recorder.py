@@ -152,3 +152,16 @@ async def test_a_record_the_database_refuses_goes_to_the_dead_letter_file(tmp_pa
         == 1
     )
     await r.close()
+
+
+def test_history_hash_reads_only_string_text_parts():
+    from gateway.recording.chain import history_hash
+
+    odd = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": 2**63}, {"type": "text", "text": "hi"}],
+        }
+    ]
+    plain = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    assert history_hash(odd) == history_hash(plain)

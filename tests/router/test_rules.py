@@ -34,6 +34,14 @@ def test_features_of_a_tool_loop():
     assert ok["last_tool_error"] == 0
 
 
+def test_content_parts_without_string_text_are_read_as_no_text():
+    # The gateway refuses such requests; the router must not fail on them either (it runs
+    # for replayed and store-read bodies too).
+    parts = [{"type": "text", "text": 2**63}, {"type": "image_url"}, {"type": "text", "text": "hi"}]
+    f = step_features(chat({"role": "user", "content": parts}))
+    assert f["messages"] == 1 and f["user_turns"] == 1
+
+
 @pytest.mark.parametrize(
     ("text", "code", "math"),
     [
