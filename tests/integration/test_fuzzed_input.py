@@ -68,6 +68,9 @@ REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
     ("POST", "/v1/completions", COMPLETION),
     ("POST", "/v1/feedback", {"session_id": "s1", "score": 1.0, "label": "good", "comment": "ok"}),
     ("POST", "/v1/tools/read_file", {"arguments": {"path": "a.txt"}, "tool_call_id": "c1"}),
+    ("POST", "/v1/tools/write_file", {"arguments": {"path": "d/a.txt", "content": "x"}}),
+    ("POST", "/v1/tools/run_python", {"arguments": {"code": "print(6 * 7)"}, "tool_call_id": "c1"}),
+    ("POST", "/v1/tools/list_dir", {"arguments": {"path": "."}}),
     ("POST", "/v1/sessions/s1/end", {"outcome": "success", "reward": 1.0}),
 ]
 ODD_VALUES: list[Any] = [
