@@ -130,7 +130,7 @@ def test_mutated_requests_get_4xx_or_an_answer_never_a_5xx(make_stack, sandbox_r
             for method, path, body in REQUESTS:  # valid first: they must be served
                 r = client.request(method, path, content=json.dumps(body), headers=headers)
                 assert r.status_code < 300, (path, r.text)
-            for i in range(600):
+            for i in range(900):
                 method, path, body = REQUESTS[i % len(REQUESTS)]
                 raw = mutate(body, rng)
                 r = client.request(method, path, content=raw, headers=headers)
@@ -149,7 +149,7 @@ def test_mutated_requests_get_4xx_or_an_answer_never_a_5xx(make_stack, sandbox_r
                 {"role": "user", "content": "still there?"}]}).status_code == 200  # fmt: skip
             # the damaged requests around them lost none of the answered steps
             lost = [i for i in served if client.get(f"/v1/steps/{i}").status_code != 200]
-    assert len(served) > 30, "too few mutated requests were answered to check recording"
+    assert len(served) > 20, "too few mutated requests were answered to check recording"
     assert not lost, f"{len(lost)} of {len(served)} answered steps were not recorded"
     assert not failures, "\n".join(failures[:20])
 
