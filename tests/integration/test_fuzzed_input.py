@@ -1,7 +1,8 @@
 """Seeded mutations of valid requests to every endpoint: whatever is changed, the gateway
 answers in the OpenAI error shape with a 4xx (or serves the request), never a 5xx, keeps
-serving, and records every step it answered. The mutations are the kinds of damage clients really do: wrong types, nulls, empty
-and huge values, lone surrogates, big and non-finite numbers, unknown or missing keys."""
+serving, records every step it answered, and its router never fails on them. The
+mutations are the kinds of damage clients really do: wrong types, nulls, empty and huge
+values, lone surrogates, big and non-finite numbers, unknown or missing keys."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from gateway.config import Settings
 from sandbox.config import SandboxConfig
 from sandbox.service import create_app
 from tests.sandbox.conftest import EVERYTHING
@@ -122,9 +124,12 @@ def test_mutated_requests_get_4xx_or_an_answer_never_a_5xx(make_stack, sandbox_r
     rng = random.Random(20261130)
     failures: list[str] = []
     served: list[str] = []  # step ids of the mutated requests that were answered
+    routed_by_model = 0
     with serve_in_thread(create_app(sandbox_cfg), port=port):
+        # the default router chain, not the tests' predictable one: it reads every request
         stack = make_stack([FakeUpstream()], [FakeUpstream("fast")],
-                           sandbox={"token": "t", "host": "127.0.0.1", "port": port})  # fmt: skip
+                           sandbox={"token": "t", "host": "127.0.0.1", "port": port},
+                           router=Settings().router.model_dump())  # fmt: skip
         with httpx.Client(base_url=stack.url, timeout=30) as client:
             headers = {"x-session-id": "s1", "content-type": "application/json"}
             for method, path, body in REQUESTS:  # valid first: they must be served
@@ -134,6 +139,10 @@ def test_mutated_requests_get_4xx_or_an_answer_never_a_5xx(make_stack, sandbox_r
                 method, path, body = REQUESTS[i % len(REQUESTS)]
                 raw = mutate(body, rng)
                 r = client.request(method, path, content=raw, headers=headers)
+                reason = r.headers.get("x-gearshift-route-reason", "")
+                routed_by_model += reason.startswith("classifier")
+                if "policy error" in reason:  # routed to full after the router raised
+                    failures.append(f"{path} {reason[:300]} <- {raw[:400]!r}")
                 if r.status_code == 200 and "x-gearshift-step-id" in r.headers:
                     served.append(r.headers["x-gearshift-step-id"])
                 if r.status_code >= 500:
@@ -150,6 +159,7 @@ def test_mutated_requests_get_4xx_or_an_answer_never_a_5xx(make_stack, sandbox_r
             # the damaged requests around them lost none of the answered steps
             lost = [i for i in served if client.get(f"/v1/steps/{i}").status_code != 200]
     assert len(served) > 20, "too few mutated requests were answered to check recording"
+    assert routed_by_model > 10, "too few mutated requests reached the router's classifier"
     assert not lost, f"{len(lost)} of {len(served)} answered steps were not recorded"
     assert not failures, "\n".join(failures[:20])
 
