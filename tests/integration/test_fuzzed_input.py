@@ -1,8 +1,8 @@
 """Seeded mutations of valid requests to every endpoint: whatever is changed, the gateway
 answers in the OpenAI error shape with a 4xx (or serves the request), never a 5xx, keeps
-serving, records every step it answered, and its router never fails on them. The
-mutations are the kinds of damage clients really do: wrong types, nulls, empty and huge
-values, lone surrogates, big and non-finite numbers, unknown or missing keys."""
+serving, records every step it answered (and exports it), and its router never fails on
+them. The mutations are the kinds of damage clients really do: wrong types, nulls, empty
+and huge values, lone surrogates, big and non-finite numbers, unknown or missing keys."""
 
 from __future__ import annotations
 
@@ -12,8 +12,14 @@ import random
 from typing import Any
 
 import httpx
+import orjson
+import pyarrow.parquet as pq
 
 from gateway.config import Settings
+from gateway.export.formats import FORMATS, export
+from gateway.export.load import Filter
+from gateway.recording.rewards import DEFAULT_WEIGHTS
+from gateway.store.database import make_engine
 from sandbox.config import SandboxConfig
 from sandbox.service import create_app
 from tests.sandbox.conftest import EVERYTHING
@@ -117,7 +123,7 @@ def mutate(body: dict[str, Any], rng: random.Random) -> bytes:
     return raw
 
 
-def test_mutated_requests_get_4xx_or_an_answer_never_a_5xx(make_stack, sandbox_root):
+def test_mutated_requests_get_4xx_or_an_answer_never_a_5xx(make_stack, sandbox_root, tmp_path):
     port = free_port()
     sandbox_cfg = SandboxConfig(token="t", root=sandbox_root, host="127.0.0.1", port=port,
                                 grants_by_tenant={"default": EVERYTHING})  # fmt: skip
@@ -162,6 +168,23 @@ def test_mutated_requests_get_4xx_or_an_answer_never_a_5xx(make_stack, sandbox_r
     assert routed_by_model > 10, "too few mutated requests reached the router's classifier"
     assert not lost, f"{len(lost)} of {len(served)} answered steps were not recorded"
     assert not failures, "\n".join(failures[:20])
+    # and they all leave the store in every export format
+    engine = make_engine(stack.store_url)
+    for fmt, spec in FORMATS.items():
+        out = tmp_path / f"export-{fmt}"
+        export(engine, fmt, out, Filter(), DEFAULT_WEIGHTS, progress=False)
+        if spec.container == "parquet":
+            rows = pq.read_table(out).num_rows
+        else:
+            rows = len(out.read_bytes().splitlines())
+        assert rows > 0, fmt
+        if fmt == "trl-sft":  # every answered step is in some exported conversation
+            exported = {
+                step["id"]
+                for line in out.read_bytes().splitlines()
+                for step in orjson.loads(line)["gearshift"]["steps"]
+            }
+            assert set(served) <= exported, set(served) - exported
 
 
 def test_odd_ids_and_headers_get_4xx_or_an_answer(make_stack):
