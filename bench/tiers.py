@@ -149,7 +149,8 @@ async def speeds(
     measurement. Greedy answers repeat exactly, so every round measures the same work. One
     more round runs first, unmeasured: a freshly started tier runs slower on its first
     answers of each kind (the first of three measured rounds once came out at 1.41x against
-    1.92x and 1.93x for the next two), a first-use cost a serving tier has long paid. Returns the pooled figures per tier and the speedups of each round."""
+    1.92x and 1.93x for the next two), a first-use cost a serving tier has long paid.
+    Returns the pooled figures per tier and the speedups of each round."""
     prompts = [f"{q} Explain your answer in a short paragraph." for q, _ in QUESTIONS]
     sequential: dict[str, list[tuple[int, float, float]]] = {FULL: [], FAST: []}
     batched = {FULL: [0, 0.0], FAST: [0, 0.0]}  # tokens, seconds

@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 
 from gateway.config import StoreSettings
 from gateway.metrics import Metrics
+from gateway.recording.chain import history_hash
 from gateway.recording.recorder import Recorder
 from gateway.recording.records import ChoiceCapture, StepRecord
 from gateway.store.schema import steps
@@ -155,8 +156,6 @@ async def test_a_record_the_database_refuses_goes_to_the_dead_letter_file(tmp_pa
 
 
 def test_history_hash_reads_only_string_text_parts():
-    from gateway.recording.chain import history_hash
-
     odd = [
         {
             "role": "user",
