@@ -245,10 +245,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def embedded_stack(env: dict[str, str] | None = None, label: str = "") -> Iterator[str]:
+def embedded_stack(
+    env: dict[str, str] | None = None, label: str = "", *, full_port: int | None = None
+) -> Iterator[str]:
     """Run ``gearshift serve`` (embedded stack, its own ports, store and sandbox off) and
-    yield its URL once ready; stopped with SIGINT on exit."""
-    port, full_port, fast_port = free_port(), free_port(), free_port()
+    yield its URL once ready; stopped with SIGINT on exit. ``full_port``: where the full
+    tier's vLLM server listens, for a caller that talks to it directly."""
+    port, fast_port = free_port(), free_port()
+    full_port = full_port or free_port()
     env = {**os.environ, **(env or {}),
            "GEARSHIFT_EMBEDDED__FULL_PORT": str(full_port), "GEARSHIFT_EMBEDDED__FAST_PORT": str(fast_port),
            "GEARSHIFT_STORE__ENABLED": "false", "GEARSHIFT_SANDBOX__ENABLED": "false"}  # fmt: skip

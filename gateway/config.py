@@ -127,6 +127,11 @@ class RouterSettings(Section):
     session_ttl_s: float = Field(
         default=3600.0, gt=0, description="a session's routing history expires after this idle time"
     )
+    calibrate_tokens: bool = Field(
+        default=True,
+        description="fit the router's prompt-token estimate to the full tier's tokenizer and chat "
+        "template through its /tokenize once it answers (router.tokens; docs/router.md)",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -42,6 +42,7 @@ from gateway.relay import StreamRelay, wait_disconnect
 from gateway.route_state import RouteSessions, load_signals, opening_key
 from gateway.scrape import Scraper
 from gateway.telemetry import build_tracer_provider, end_span, start_span
+from gateway.token_calibration import TokenCalibrator
 from gateway.upstream import new_session
 from router import Decision, RouteRequest, Tier, build_policy
 from sandbox.client import SandboxClient
@@ -86,6 +87,10 @@ class Gateway:
             self.models[ts.model] = tier
             self.models.setdefault(tier.value, tier)  # "full"/"fast" pin a tier too
         self.scraper = Scraper(self.pools, self.metrics, settings.telemetry.scrape_interval_s)
+        counted_by = self.pools.get(Tier.FULL) or next(iter(self.pools.values()), None)
+        self.token_calibrator = TokenCalibrator(
+            counted_by if settings.router.calibrate_tokens else None
+        )
         self.tracer_provider = tracer_provider or build_tracer_provider(settings.telemetry)
         self.tracer = self.tracer_provider.get_tracer("gearshift")
         self.created = int(time.time())
@@ -114,9 +119,11 @@ class Gateway:
         for pool in self.pools.values():
             pool.start_health_checks(self._session)
         self.scraper.start(self._session)
+        self.token_calibrator.start(self._session)
 
     async def close(self) -> None:
         await self.scraper.stop()
+        await self.token_calibrator.stop()
         for pool in self.pools.values():
             await pool.stop()
         if self._session is not None:
@@ -252,7 +259,14 @@ class Gateway:
             started = time.perf_counter()
             try:
                 decision = self.policy.decide(
-                    RouteRequest(ctx.endpoint, body, ctx.route_key, session, load)
+                    RouteRequest(
+                        ctx.endpoint,
+                        body,
+                        ctx.route_key,
+                        session,
+                        load,
+                        tokens=self.token_calibrator.model,
+                    )
                 )
             except Exception as exc:  # a routing bug must not fail the request
                 log.exception("routing policy failed on request %s", ctx.request_id)

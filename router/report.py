@@ -16,9 +16,9 @@ from typing import Any
 
 from router.classifier import Classifier
 from router.evaluation import auc, routing_curve
-from router.features import estimate_prompt_tokens
 from router.policy import build_policy
 from router.step_features import step_features
+from router.tokens import estimate_prompt_tokens
 from router.training import DEFAULT_MARGIN, Example
 from router.types import RouteRequest
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from router.features import estimate_prompt_tokens
+from router.tokens import TokenModel, estimate_prompt_tokens
 from router.types import RouteRequest
 
 # Cheap substring tests first (C speed), and bounded patterns only after a hint matched: a
@@ -75,19 +75,20 @@ class Step:
     text: str  # the last user message (or the completions prompt), SCAN characters at each end
 
 
-def step_features(body: Mapping[str, Any]) -> dict[str, float]:
-    return analyse(body).features
+def step_features(body: Mapping[str, Any], tokens: TokenModel | None = None) -> dict[str, float]:
+    return analyse(body, tokens).features
 
 
 def analyse_request(request: RouteRequest) -> Step:
     """``analyse(request.body)``, once per request: a chain of policies shares it."""
     step = request.memo.get("step")
     if step is None:
-        step = request.memo["step"] = analyse(request.body)
+        step = request.memo["step"] = analyse(request.body, request.tokens)
     return step
 
 
-def analyse(body: Mapping[str, Any]) -> Step:
+def analyse(body: Mapping[str, Any], tokens: TokenModel | None = None) -> Step:
+    """The step's features; ``tokens`` estimates its prompt tokens (``router.tokens``)."""
     messages = body.get("messages")
     msgs = [m for m in messages if isinstance(m, Mapping)] if isinstance(messages, Sequence) else []
     last_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=-1)
@@ -105,7 +106,7 @@ def analyse(body: Mapping[str, Any]) -> Step:
     choice = body.get("tool_choice")
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     return Step({
-        "prompt_tokens": float(estimate_prompt_tokens(body)),
+        "prompt_tokens": float(estimate_prompt_tokens(body, tokens)),
         "messages": float(len(msgs)),
         "user_turns": float(sum(1 for m in msgs if m.get("role") == "user")),
         "tools_offered": float(len(body.get("tools") or ())),

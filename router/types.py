@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from router.tokens import TokenModel
+
 
 class Tier(StrEnum):
     """The two tiers of one model family."""
@@ -55,6 +57,9 @@ class RouteRequest:
     session_id: str | None = None
     session: SessionState | None = None
     load: LoadSignals | None = None
+    # prompt-token estimate fitted to the serving tier's tokenizer and template (None: the
+    # default family's, ``router.tokens.DEFAULT``)
+    tokens: TokenModel | None = None
     # what policies derive from ``body``, computed once per request however many policies
     # of a chain look at it (``router.step_features.analyse_request``)
     memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)

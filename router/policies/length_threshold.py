@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from router.features import estimate_prompt_tokens
 from router.policy import Policy, PolicyError, register
+from router.tokens import estimate_prompt_tokens
 from router.types import Decision, RouteRequest, Tier
 
 DEFAULT_THRESHOLD_TOKENS = 512
@@ -23,7 +23,7 @@ class LengthThreshold:
     name: str = "length_threshold"
 
     def decide(self, request: RouteRequest) -> Decision:
-        tokens = estimate_prompt_tokens(request.body)
+        tokens = estimate_prompt_tokens(request.body, request.tokens)
         if tokens >= self.threshold_tokens:
             tier, cmp = Tier.FULL, ">="
         else:

@@ -83,7 +83,9 @@ def make_stack(tmp_path: Path) -> Iterator[Callable[..., Stack]]:
                 "health": {"interval_s": 0.2, "timeout_s": 0.5, "unhealthy_after": 1},
                 # a policy whose choice these tests can predict; the trained default is
                 # tested on its own (tests/router, test_routing_session.py, e2e)
-                "router": {"policy": "length_threshold"},
+                # (and counting tokens as the default family does: the stand-ins' /tokenize
+                # counts code points, and a fit to it would change routing mid-test)
+                "router": {"policy": "length_threshold", "calibrate_tokens": False},
                 "store": {
                     "url": f"sqlite:///{tmp_path}/trajectories.db",
                     "dead_letter_path": str(tmp_path / "dead-letter.jsonl"),

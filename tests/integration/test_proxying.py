@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from router.tokens import estimate_prompt_tokens
 from tests.integration.conftest import FAST_MODEL, FULL_MODEL
 from tests.support.fake_upstream import FakeUpstream
 
@@ -18,8 +19,9 @@ def test_non_stream_answer_and_gateway_headers(make_stack):
     answer = raw.parse()
     assert answer.choices[0].message.content == "hello from fast"
     assert raw.headers["x-gearshift-tier"] == "fast"
+    tokens = estimate_prompt_tokens({"messages": MESSAGES})  # "hi" and the template's share
     assert raw.headers["x-gearshift-route-reason"].startswith(
-        "length_threshold: ~0 prompt tokens < 512"
+        f"length_threshold: ~{tokens} prompt tokens < 512"
     )
     assert len(raw.headers["x-request-id"]) >= 16
     assert 0 <= float(raw.headers["x-gearshift-overhead-ms"]) < 1000

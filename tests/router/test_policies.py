@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from router import PolicyError, RouteRequest, Tier, available_policies, build_policy
-from router.features import estimate_prompt_tokens, prompt_chars
+from router.tokens import counts, estimate_prompt_tokens
 
 
 def chat(text: str, **extra) -> RouteRequest:
@@ -32,12 +32,13 @@ def test_length_threshold_rejects_bad_params(params):
 
 
 def test_length_threshold_splits_at_the_threshold():
-    policy = build_policy("length_threshold", {"threshold_tokens": 10})
-    short = policy.decide(chat("x" * 39))  # 9 tokens
-    long = policy.decide(chat("x" * 40))  # 10 tokens
+    text = "word " * 100
+    tokens = estimate_prompt_tokens(chat(text).body)  # the template's share included
+    short = build_policy("length_threshold", {"threshold_tokens": tokens + 1}).decide(chat(text))
+    long = build_policy("length_threshold", {"threshold_tokens": tokens}).decide(chat(text))
     assert (short.tier, long.tier) == (Tier.FAST, Tier.FULL)
-    assert short.reason == "length_threshold: ~9 prompt tokens < 10"
-    assert long.features == {"prompt_tokens_est": 10.0}
+    assert short.reason == f"length_threshold: ~{tokens} prompt tokens < {tokens + 1}"
+    assert long.features == {"prompt_tokens_est": float(tokens)}
     assert short.propensity == 1.0 and short.policy == "length_threshold"
 
 
@@ -55,23 +56,20 @@ def test_constant_policies():
         build_policy("always_full", {"x": 1})
 
 
-def test_prompt_features_cover_every_shape():
+def test_prompt_token_estimate_covers_every_shape():
     parts = [{"type": "text", "text": "abcd"}, {"type": "image_url", "image_url": {"url": "u"}}]
+    with_parts = {
+        "messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": None}]
+    }
+    assert counts(with_parts).chars == 4 and counts(with_parts).messages == 2
+    assert counts({"prompt": "abcdefgh"}).chars == 8
+    assert counts({"prompt": ["ab", "cd"]}).chars == 4
     assert (
-        prompt_chars(
-            {
-                "messages": [
-                    {"role": "user", "content": parts},
-                    {"role": "assistant", "content": None},
-                ]
-            }
-        )
-        == 4
-    )
-    assert prompt_chars({"prompt": "abcdefgh"}) == 8
-    assert prompt_chars({"prompt": ["ab", "cd"]}) == 4
-    assert prompt_chars({"prompt": [1, 2, 3]}) == 12  # token ids count as one token each
+        estimate_prompt_tokens({"prompt": [1, 2, 3]}) == 3
+    )  # token ids are counted, not estimated
+    assert estimate_prompt_tokens({"prompt": [[1, 2], [3]]}) == 3
     assert estimate_prompt_tokens({"messages": "not a list"}) == 0
+    assert estimate_prompt_tokens({}) == 0
 
 
 def test_other_tier():

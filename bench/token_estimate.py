@@ -1,0 +1,168 @@
+"""How closely the router's prompt-token estimate counts what the tier reads.
+
+    python -m bench.token_estimate [--sessions 300] [--seed 0]
+
+Requests: the router's evaluation tasks (``bench.router_tasks``: BFCL with its tools,
+HumanEval, reasoning-gym, MT-Bench, trivia) and synthetic agent sessions (the standard
+library's sources as tool results, calls with JSON arguments, up to 12 BFCL tools, system
+prompts or none). The embedded stack starts and its full tier's ``/tokenize`` (vLLM: the
+tier's own tokenizer and chat template) counts each request exactly. Compared, by relative
+error per request:
+
+* ``chars_div_4``: characters / 4 of the message text, the router's estimate until
+  2026-12-01 (the baseline);
+* ``default``: ``router.tokens.DEFAULT``, the shipped weights;
+* ``startup_fit``: what the gateway fits at start-up (``gateway.token_calibration``: 23
+  probe conversations), on these requests it never saw; the gateway routes with it only
+  when it counts its probes better than ``default`` does;
+* ``refit``: least squares on half of the requests, checked on the other half — where
+  ``DEFAULT``'s weights come from (they are printed, fitted on all of them).
+
+Last line: one JSON object with the median and 90th-percentile error of each and the ratio
+of the baseline's median error to the default's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from tqdm import tqdm
+
+from bench.router_tasks import all_tasks
+from bench.tiers import embedded_stack, free_port
+from gateway.embedded import FULL_MODEL_NAME
+from gateway.token_calibration import Calibration, calibrate, fit_weights, replica_tokenizer
+from router.tokens import DEFAULT, TokenModel, counts
+
+
+def _message_chars(body: Mapping[str, Any]) -> int:
+    total = 0
+    for m in body.get("messages") or ():
+        content = m.get("content")
+        if isinstance(content, str):
+            total += len(content)
+    return total
+
+
+def agent_sessions(
+    n: int, seed: int, tool_lists: list[list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """Synthetic agent sessions over the standard library's sources, code and docstrings
+    (on the machine, and the same from one commit of this repository to the next)."""
+    rng = random.Random(seed)
+    stdlib = Path(json.__file__).resolve().parent.parent
+    files = [p.read_text(encoding="utf-8") for p in sorted(stdlib.glob("*.py"))[:150]]
+    bodies = []
+    for _ in range(n):
+        msgs: list[dict[str, Any]] = []
+        if rng.random() < 0.7:
+            msgs.append({"role": "system", "content": rng.choice(files)[: rng.randint(50, 3000)]})
+        msgs.append({"role": "user", "content": rng.choice(files)[: rng.randint(20, 2000)]})
+        for step in range(rng.randint(0, 8)):
+            args = {"path": f"src/m{step}.py", "start": rng.randint(1, 900), "pattern": "def .*"}
+            call = {"id": f"c{step}", "type": "function",
+                    "function": {"name": "read_file", "arguments": json.dumps(args)}}  # fmt: skip
+            msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            text = rng.choice(files)
+            start = rng.randint(0, max(0, len(text) - 10))
+            msgs.append({"role": "tool", "tool_call_id": f"c{step}",
+                         "content": text[start : start + rng.randint(10, 6000)]})  # fmt: skip
+            if rng.random() < 0.3:
+                msgs.append(
+                    {"role": "assistant", "content": rng.choice(files)[: rng.randint(10, 500)]}
+                )
+                msgs.append({"role": "user", "content": "ok, continue " * rng.randint(1, 5)})
+        body: dict[str, Any] = {"messages": msgs}
+        if rng.random() < 0.8:
+            body["tools"] = rng.choice(tool_lists) * rng.randint(1, 4)
+        bodies.append(body)
+    return bodies
+
+
+def errors(estimates: list[float], truth: list[int]) -> dict[str, float]:
+    rel = sorted(abs(e - t) / t for e, t in zip(estimates, truth, strict=True))
+    return {
+        "median": round(statistics.median(rel), 4),
+        "p90": round(rel[int(0.9 * (len(rel) - 1))], 4),
+        "max": round(rel[-1], 4),
+    }
+
+
+async def count_all(
+    url: str, model: str, bodies: list[dict[str, Any]]
+) -> tuple[list[int], Calibration]:
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        tokenize = replica_tokenizer(session, url, model)
+        calibration = await calibrate(tokenize, "full tier")
+        truth = [await tokenize(b) for b in tqdm(bodies, desc="tokenize", unit="request")]
+    return truth, calibration
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=300, help="synthetic agent sessions")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    tasks = all_tasks()
+    bodies = [t.body for t in tasks]
+    tool_lists = [b["tools"] for b in bodies if b.get("tools")]
+    bodies += agent_sessions(args.sessions, args.seed, tool_lists)
+    print(f"{len(tasks)} evaluation requests and {args.sessions} agent sessions", flush=True)
+
+    full_port = free_port()
+    with embedded_stack(full_port=full_port):
+        truth, calibration = asyncio.run(
+            count_all(f"http://127.0.0.1:{full_port}", FULL_MODEL_NAME, bodies)
+        )
+
+    rows = [counts(b).vector() for b in bodies]
+    half = list(range(0, len(bodies), 2)), list(range(1, len(bodies), 2))
+    refit = TokenModel.from_weights(
+        fit_weights([rows[i] for i in half[0]], [truth[i] for i in half[0]]), "refit"
+    )
+    everything = TokenModel.from_weights(fit_weights(rows, truth), "all")
+    results = {
+        "chars_div_4": errors([_message_chars(b) / 4 for b in bodies], truth),
+        "default": errors([DEFAULT.estimate(b) for b in bodies], truth),
+        "startup_fit": errors([calibration.fitted.estimate(b) for b in bodies], truth),
+        "refit_held_out": errors(
+            [refit.estimate(bodies[i]) for i in half[1]], [truth[i] for i in half[1]]
+        ),
+    }
+    print(
+        f"\n{'estimate':16s} {'median':>8s} {'p90':>8s} {'max':>8s}   (relative error, {len(bodies)} requests)"
+    )
+    for name, e in results.items():
+        print(f"{name:16s} {e['median']:8.3f} {e['p90']:8.3f} {e['max']:8.3f}")
+    weights = {k: round(v, 4) for k, v in everything.as_dict().items() if k != "source"}
+    print(f"weights fitted on all of them (router.tokens.DEFAULT): {weights}")
+    fitted = {k: round(v, 4) for k, v in calibration.fitted.as_dict().items() if k != "source"}
+    print(
+        f"start-up fit's weights: {fitted}; on its probes it was off by "
+        f"{calibration.fitted_error:.1%} (left out in turn), the default by "
+        f"{calibration.default_error:.1%}: the gateway routes with the "
+        f"{'fitted' if calibration.uses_fit else 'default'} weights"
+    )
+    print(
+        f"the probes' counts (gateway.token_calibration.DEFAULT_FAMILY_COUNTS): "
+        f"{calibration.probe_counts}"
+    )
+    ratio = results["chars_div_4"]["median"] / max(results["default"]["median"], 1e-9)
+    print(json.dumps({"requests": len(bodies), **results, "fitted_weights": weights,
+                      "startup_uses_fit": calibration.uses_fit,
+                      "startup_default_family": calibration.default_family,
+                      "ratio_median_error_chars_div_4_vs_default": round(ratio, 1)}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
