@@ -129,8 +129,9 @@ class RouterSettings(Section):
     )
     calibrate_tokens: bool = Field(
         default=True,
-        description="fit the router's prompt-token estimate to the full tier's tokenizer and chat "
-        "template through its /tokenize once it answers (router.tokens; docs/router.md)",
+        description="check the router's prompt-token estimate against the full tier's tokenizer "
+        "and chat template through its /tokenize once it answers, then refit it to the tiers' own "
+        "counts of the prompts they serve (router.tokens; docs/router.md)",
     )
 
     @model_validator(mode="before")

@@ -111,6 +111,11 @@ class Metrics:
             "gearshift_route_decision_seconds", "Time the routing policy took to decide",
             buckets=(2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2), registry=r,
         )  # fmt: skip
+        self.prompt_token_error = Histogram(
+            "gearshift_route_prompt_tokens_error",
+            "Relative error of the router's prompt-token estimate against the tier's count",
+            buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0), registry=r,
+        )  # fmt: skip
         self.escalations = Counter(
             "gearshift_escalations",
             "Fast-tier answers re-run on the full tier before reaching the client",

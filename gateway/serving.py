@@ -257,17 +257,14 @@ class Gateway:
             session = self.route_sessions.get(ctx.tenant or "default", ctx.route_key)
             load = load_signals(self.pools, self.scraper)
             started = time.perf_counter()
+            request = RouteRequest(
+                ctx.endpoint, body, ctx.route_key, session, load,
+                tokens=self.token_calibrator.model,
+            )  # fmt: skip
             try:
-                decision = self.policy.decide(
-                    RouteRequest(
-                        ctx.endpoint,
-                        body,
-                        ctx.route_key,
-                        session,
-                        load,
-                        tokens=self.token_calibrator.model,
-                    )
-                )
+                decision = self.policy.decide(request)
+                step = request.memo.get("step")
+                ctx.token_counts = step.counts if step is not None else None
             except Exception as exc:  # a routing bug must not fail the request
                 log.exception("routing policy failed on request %s", ctx.request_id)
                 why = f"policy error ({type(exc).__name__}): full tier"
@@ -422,6 +419,10 @@ class Gateway:
             m.ttft.labels(tier).observe(ctx.first_byte_at - ctx.t0)
         if ctx.prompt_tokens:
             m.tokens.labels(tier, "prompt").inc(ctx.prompt_tokens)
+            if ctx.token_counts is not None:  # what the tier counted, to learn the estimate from
+                error = self.token_calibrator.observe(ctx.token_counts, ctx.prompt_tokens)
+                if error is not None:
+                    m.prompt_token_error.observe(error)
         if ctx.completion_tokens:
             m.tokens.labels(tier, "completion").inc(ctx.completion_tokens)
         end_span(span, ctx, status, model)

@@ -6,15 +6,23 @@ over the decision's 1 ms budget. Its weights come fitted to the embedded model f
 family counts differently (its tokenizer, and above all its chat template's system turn and
 tool preamble). So once the full tier answers, the gateway asks one of its replicas to
 ``/tokenize`` a fixed set of conversations (vLLM renders them with the tier's own chat
-template) and fits the weights by least squares on relative error. It routes with the fitted
-weights when they count those conversations better (each left out of the fit in turn) than
-the default weights do, which is the case for another family; the choice and both errors
-are logged. A replica without ``/tokenize`` (not vLLM) leaves the default in place, said once.
+template). A tier that counts them exactly as the default family does keeps the default
+weights; another gets weights fitted to them by least squares on relative error, when they
+count the conversations better (each left out of the fit in turn) than the default weights
+do. The choice and both errors are logged. A replica without ``/tokenize`` (not vLLM)
+leaves the default in place, said once.
+
+Then it keeps learning from the tiers' own counts of the prompts they serve
+(``usage.prompt_tokens``, which vLLM returns with every answer): every 500 routed requests,
+weights fitted to the latest 4,000 replace the current ones when they count the newest
+fifth (left out of the trial fit) a tenth better. A deployment's traffic, not the probes,
+then decides the weights.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -27,7 +35,7 @@ import aiohttp
 import numpy as np
 
 from gateway.pool import TierPool
-from router.tokens import DEFAULT, TokenModel, counts
+from router.tokens import DEFAULT, Counts, TokenModel, counts
 
 log = logging.getLogger(__name__)
 
@@ -157,30 +165,9 @@ MAX_ERROR = 0.15  # median relative error above which neither the fit nor the de
 # them. A tier that counts exactly these is that family: DEFAULT, fitted to 1,700 requests,
 # beats any fit to 23 probes there. Regenerate when PROBES change.
 DEFAULT_FAMILY_COUNTS = (
-    31,
-    52,
-    96,
-    291,
-    66,
-    206,
-    112,
-    182,
-    151,
-    56,
-    162,
-    466,
-    54,
-    89,
-    369,
-    170,
-    381,
-    950,
-    113,
-    749,
-    1071,
-    465,
-    613,
-)
+    31, 52, 96, 291, 66, 206, 112, 182, 151, 56, 162, 466, 54, 89, 369, 170, 381, 950, 113, 749,
+    1071, 465, 613,
+)  # fmt: skip
 
 Tokenize = Callable[[Mapping[str, Any]], Awaitable[int]]
 
@@ -274,12 +261,40 @@ def replica_tokenizer(session: aiohttp.ClientSession, url: str, model: str) -> T
     return tokenize
 
 
+def refit_from_traffic(
+    samples: Sequence[tuple[Counts, int]], current: TokenModel, margin: float = 0.9
+) -> tuple[TokenModel, float, float] | None:
+    """Weights fitted to what the tier counted for served requests, when they beat
+    ``current``: fitted on the older 80% of ``samples`` and judged on the newest 20%, they
+    must cut ``current``'s median relative error there by a tenth. Then returns (the weights
+    fitted to all of them, the trial's error, ``current``'s error); else None."""
+    cut = int(len(samples) * 0.8)
+    rows = [c.vector() for c, _ in samples]
+    truth = [t for _, t in samples]
+    trial = TokenModel.from_weights(fit_weights(rows[:cut], truth[:cut]), "trial")
+    newest = samples[cut:]
+    trial_error = statistics.median(abs(trial.estimate_counts(c) - t) / t for c, t in newest)
+    current_error = statistics.median(abs(current.estimate_counts(c) - t) / t for c, t in newest)
+    if trial_error >= margin * current_error:
+        return None
+    source = f"{len(samples)} requests served by the full tier"
+    return TokenModel.from_weights(fit_weights(rows, truth), source), trial_error, current_error
+
+
 class TokenCalibrator:
-    """Calibrates once, in the background, as soon as a replica of ``pool`` answers; until
-    then (and if it cannot) ``model`` is the default."""
+    """Checks the estimate once, in the background, as soon as a replica of ``pool``
+    answers; until then (and if it cannot) ``model`` is the default. Then keeps learning
+    from what the tiers count for the requests they serve (``observe``): every
+    ``refit_every`` of them, weights fitted to the latest ``window`` replace ``model`` when
+    they count the newest of them better (``refit_from_traffic``)."""
 
     def __init__(
-        self, pool: TierPool | None, retry_s: float = 5.0, timeout_s: float = 30.0
+        self,
+        pool: TierPool | None,
+        retry_s: float = 5.0,
+        timeout_s: float = 30.0,
+        window: int = 4000,
+        refit_every: int = 500,
     ) -> None:
         self._pool = pool
         self._retry_s = retry_s
@@ -287,6 +302,42 @@ class TokenCalibrator:
         self.model: TokenModel = DEFAULT
         self.result: Calibration | None = None
         self._task: asyncio.Task[None] | None = None
+        self._samples: collections.deque[tuple[Counts, int]] = collections.deque(maxlen=window)
+        self._refit_every = refit_every
+        self._since_refit = 0
+        self._refitting: asyncio.Task[None] | None = None
+
+    def observe(self, sizes: Counts, prompt_tokens: int) -> float | None:
+        """A tier counted ``prompt_tokens`` for a request the router saw as ``sizes``;
+        returns the current weights' relative error on it (None: nothing to learn from)."""
+        if sizes.token_ids or prompt_tokens <= 0:
+            return None
+        error = abs(self.model.estimate_counts(sizes) - prompt_tokens) / prompt_tokens
+        if self._pool is None:  # calibration off: measured, not learnt from
+            return error
+        self._samples.append((sizes, prompt_tokens))
+        self._since_refit += 1
+        if self._since_refit >= self._refit_every and self._refitting is None:
+            self._since_refit = 0
+            samples = list(self._samples)
+            self._refitting = asyncio.get_running_loop().create_task(self._refit(samples))
+        return error
+
+    async def _refit(self, samples: list[tuple[Counts, int]]) -> None:
+        try:
+            found = await asyncio.to_thread(refit_from_traffic, samples, self.model)
+        except Exception:  # a numerical failure must not stop the gateway learning later
+            log.exception("prompt-token estimate: refitting from served requests failed")
+            found = None
+        finally:
+            self._refitting = None
+        if found is not None:
+            self.model, trial_error, current_error = found
+            log.info(
+                "prompt-token estimate refitted to the last %s: off by %.1f%% (median) on "
+                "the newest fifth, against %.1f%% before",
+                self.model.source, 100 * trial_error, 100 * current_error,
+            )  # fmt: skip
 
     def start(self, session: aiohttp.ClientSession) -> None:
         if self._pool is not None and self._pool.replicas:
@@ -328,7 +379,8 @@ class TokenCalibrator:
             await asyncio.sleep(self._retry_s)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._refitting):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from router.tokens import TokenModel, estimate_prompt_tokens
+from router.tokens import DEFAULT, Counts, TokenModel, counts
 from router.types import RouteRequest
 
 # Cheap substring tests first (C speed), and bounded patterns only after a hint matched: a
@@ -73,6 +73,7 @@ def _text(content: object) -> str:
 class Step:
     features: dict[str, float]
     text: str  # the last user message (or the completions prompt), SCAN characters at each end
+    counts: Counts  # what the prompt-token estimate is made of (``router.tokens``)
 
 
 def step_features(body: Mapping[str, Any], tokens: TokenModel | None = None) -> dict[str, float]:
@@ -102,11 +103,12 @@ def analyse(body: Mapping[str, Any], tokens: TokenModel | None = None) -> Step:
     )
     if len(user_text) > 2 * SCAN:
         user_text = user_text[:SCAN] + "\n" + user_text[-SCAN:]
+    sizes = counts(body)
     fmt = body.get("response_format")
     choice = body.get("tool_choice")
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     return Step({
-        "prompt_tokens": float(estimate_prompt_tokens(body, tokens)),
+        "prompt_tokens": float((tokens or DEFAULT).estimate_counts(sizes)),
         "messages": float(len(msgs)),
         "user_turns": float(sum(1 for m in msgs if m.get("role") == "user")),
         "tools_offered": float(len(body.get("tools") or ())),
@@ -118,4 +120,4 @@ def analyse(body: Mapping[str, Any], tokens: TokenModel | None = None) -> Step:
         "forced_tool": float(choice == "required" or isinstance(choice, Mapping)),
         "max_tokens": float(limit) if isinstance(limit, int) else 0.0,
         "reasoning_effort": EFFORT.get(str(body.get("reasoning_effort")), 0.0),
-    }, user_text)  # fmt: skip
+    }, user_text, sizes)  # fmt: skip

@@ -87,7 +87,9 @@ class TokenModel:
         return cls(**values, source=source)
 
     def estimate(self, body: Mapping[str, Any]) -> int:
-        c = counts(body)
+        return self.estimate_counts(counts(body))
+
+    def estimate_counts(self, c: Counts) -> int:
         if c == NOTHING:  # no prompt at all (a malformed body): nothing for the template either
             return 0
         if c.token_ids and not c.chars:

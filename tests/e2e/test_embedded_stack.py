@@ -126,6 +126,10 @@ def test_route_features_count_prompt_tokens_as_the_tier_does(real_stack):
         if "tools" in body:  # where characters / 4 was furthest off
             assert abs(text / 4 - counted) / counted > 0.5
     assert sum(off) / len(off) <= 0.08, off
+    # and the gateway measures the same on every routed request, for operators and to refit
+    text = httpx.get(real_stack.url + "/metrics").text
+    seen = re.search(r"^gearshift_route_prompt_tokens_error_count ([0-9.]+)$", text, re.M)
+    assert seen and float(seen.group(1)) >= len(requests)
 
 
 def test_stream_assembles_to_the_non_stream_answer(real_stack):

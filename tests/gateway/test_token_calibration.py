@@ -13,11 +13,19 @@ from typing import Any
 
 import pytest
 
-from gateway.config import Settings, TierSettings
+from bench.token_estimate import agent_sessions
+from gateway.config import BreakerSettings, HealthSettings, Settings, TierSettings
+from gateway.pool import TierPool
 from gateway.serving import Gateway
-from gateway.token_calibration import PROBES, NoTokenizer, calibrate
+from gateway.token_calibration import (
+    PROBES,
+    NoTokenizer,
+    TokenCalibrator,
+    calibrate,
+    refit_from_traffic,
+)
 from router import Tier
-from router.tokens import DEFAULT, TokenModel, counts
+from router.tokens import DEFAULT, Counts, TokenModel, counts
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import serve_in_thread
 
@@ -25,6 +33,9 @@ OTHER_FAMILY = TokenModel(
     base=12, no_system=35, per_message=6, per_char=0.31, per_digit=0.4, per_symbol=0.6, tools=310,
     per_json_char=0.34, per_call=11, source="truth",
 )  # fmt: skip
+
+
+TOOL_SPEC = PROBES[-1]["tools"][1]
 
 
 def counted_by(model: TokenModel) -> Any:
@@ -116,3 +127,57 @@ def test_calibration_can_be_turned_off():
     )
     gateway = Gateway(settings)
     assert gateway.token_calibrator.model is DEFAULT
+
+
+def served(model: TokenModel, n: int, seed: int = 0) -> list[tuple[Counts, int]]:
+    """Requests of agent-session shapes, counted the way ``model`` counts."""
+    bodies = agent_sessions(n, seed, [[TOOL_SPEC]]) + list(PROBES)
+    return [(counts(b), model.estimate(b)) for b in bodies]
+
+
+def test_weights_are_learnt_from_what_the_tier_counted_for_served_requests():
+    found = refit_from_traffic(served(OTHER_FAMILY, 300), DEFAULT)
+    assert found is not None
+    model, trial_error, default_error = found
+    assert trial_error < 0.01 < 0.1 < default_error
+    assert model.source == f"{300 + len(PROBES)} requests served by the full tier"
+    body = {
+        "messages": [{"role": "user", "content": "How many 7s in 77077?"}],
+        "tools": [TOOL_SPEC],
+    }
+    assert model.estimate(body) == pytest.approx(OTHER_FAMILY.estimate(body), rel=0.02)
+
+
+def test_weights_that_already_count_well_are_kept():
+    assert refit_from_traffic(served(DEFAULT, 300), DEFAULT) is None
+
+
+def test_the_calibrator_refits_in_the_background_as_requests_are_served():
+    pool = TierPool(Tier.FULL, "m", ["http://127.0.0.1:9"], BreakerSettings(), HealthSettings())
+    samples = served(OTHER_FAMILY, 120, seed=3)
+
+    async def scenario() -> TokenModel:
+        calibrator = TokenCalibrator(pool, window=100, refit_every=100)
+        assert calibrator.observe(samples[0][0], 0) is None  # no count: ignored
+        assert calibrator.observe(Counts(token_ids=5), 5) is None  # token ids: nothing to learn
+        for sizes, tokens in samples[:99]:
+            calibrator.observe(sizes, tokens)
+        assert calibrator.model is DEFAULT and calibrator._refitting is None
+        calibrator.observe(*samples[99])
+        assert calibrator._refitting is not None
+        await calibrator._refitting
+        return calibrator.model
+
+    model = asyncio.run(scenario())
+    assert model.source == "100 requests served by the full tier"
+    sizes, tokens = samples[110]
+    assert model.estimate_counts(sizes) == pytest.approx(tokens, rel=0.02)
+
+
+def test_without_calibration_nothing_is_learnt():
+    calibrator = TokenCalibrator(None, refit_every=1)
+    sizes = counts({"messages": [{"role": "user", "content": "hi"}]})
+    exact = DEFAULT.estimate_counts(sizes)
+    # outside an event loop too: measured, no refit task started
+    assert calibrator.observe(sizes, 2 * exact) == pytest.approx(0.5, abs=0.01)
+    assert calibrator.model is DEFAULT and calibrator._refitting is None
