@@ -20,8 +20,8 @@ rest):
 ``DEFAULT`` is fitted to the embedded model family (SmolLM2's tokenizer over Gearshift's
 ChatML template; ``python -m bench.token_estimate``). At start-up the gateway checks it
 against the full tier's own tokenizer and template through vLLM's ``/tokenize``
-(``gateway.token_calibration``) and, for another family, fits weights of its own; what it
-found is logged.
+(``gateway.token_calibration``) and, for another family, fits weights of its own; then it
+refits them to the tiers' own counts of the prompts they serve. What it finds is logged.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def _content(content: object, texts: list[str]) -> int:
 def _json_len(value: object) -> int:
     try:
         return len(json.dumps(value, ensure_ascii=False))
-    except (TypeError, ValueError):  # not JSON (a caller outside the gateway): count nothing
+    except (TypeError, ValueError, RecursionError):  # not JSON, or nested past the stack
         return 0
 
 

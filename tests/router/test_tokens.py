@@ -82,6 +82,13 @@ def test_linear_in_its_counts():
     assert TokenModel.from_weights(model.weights(), "x").weights() == model.weights()
 
 
+def nested(depth: int) -> dict[str, object]:
+    node: dict[str, object] = {}
+    for _ in range(depth):
+        node = {"a": node}
+    return node
+
+
 def test_hostile_shapes_are_counted_or_ignored_never_raise():
     odd = [
         {"messages": [None, 3, {"role": "user", "content": [{"text": 5}, "x", None]}]},
@@ -103,6 +110,7 @@ def test_hostile_shapes_are_counted_or_ignored_never_raise():
             ]
         },
         {"prompt": [None, 1.5, "x"]},
+        {"messages": [{"role": "user", "content": "x"}], "tools": [nested(5000)]},
         {"messages": [{"role": "user", "content": "\ud800 lone surrogate 42"}]},
     ]
     for body in odd:
