@@ -16,8 +16,10 @@ the same prompts to both tiers (pinned by model name, greedy decoding):
   function, strict schema; the arguments must parse and name the expected value);
   ``quality_retention`` = fast's correct answers + tool passes over the full tier's.
 
-``--url`` measures an already running gateway instead (one mode, as configured there).
-The last line is one JSON object.
+Each run started here also names the fast build it measured (``fast_build``: model folder,
+weights' SHA-256, pruning report's perplexities): two builds of the same settings are not
+the same tier (docs/fast-tier.md). ``--url`` measures an already running gateway instead
+(one mode, as configured there). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -246,13 +248,17 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def embedded_stack(
-    env: dict[str, str] | None = None, label: str = "", *, full_port: int | None = None
+    env: dict[str, str] | None = None,
+    label: str = "",
+    *,
+    full_port: int | None = None,
+    fast_port: int | None = None,
 ) -> Iterator[str]:
     """Run ``gearshift serve`` (embedded stack, its own ports, store and sandbox off) and
-    yield its URL once ready; stopped with SIGINT on exit. ``full_port``: where the full
-    tier's vLLM server listens, for a caller that talks to it directly."""
-    port, fast_port = free_port(), free_port()
-    full_port = full_port or free_port()
+    yield its URL once ready; stopped with SIGINT on exit. ``full_port``, ``fast_port``:
+    where the tiers' vLLM servers listen, for a caller that talks to them directly."""
+    port = free_port()
+    full_port, fast_port = full_port or free_port(), fast_port or free_port()
     env = {**os.environ, **(env or {}),
            "GEARSHIFT_EMBEDDED__FULL_PORT": str(full_port), "GEARSHIFT_EMBEDDED__FAST_PORT": str(fast_port),
            "GEARSHIFT_STORE__ENABLED": "false", "GEARSHIFT_SANDBOX__ENABLED": "false"}  # fmt: skip
@@ -278,6 +284,31 @@ def embedded_stack(
                 proc.kill()
 
 
+def served_build(url: str) -> dict[str, Any]:
+    """Which weights a vLLM server at ``url`` serves: its model folder (the ``root`` of its
+    ``/v1/models``), the first 12 hex digits of the SHA-256 of its safetensors, and the
+    perplexities of its pruning report. Two builds of the same settings differ (vLLM's
+    sampling of the healing conversations is not reproducible across machines), and so do
+    their speeds: a figure is traceable to the build it was measured on (docs/fast-tier.md)."""
+    import hashlib
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/v1/models", timeout=30) as resp:
+        root = Path(json.load(resp)["data"][0]["root"])
+    digest = hashlib.sha256()
+    for weights in sorted(root.glob("*.safetensors")):
+        with weights.open("rb") as f:
+            while chunk := f.read(1 << 22):
+                digest.update(chunk)
+    report = root / "gearshift-prune.json"
+    perplexity = json.loads(report.read_text()).get("perplexity") if report.exists() else None
+    return {
+        "model_dir": str(root),
+        "weights_sha256": digest.hexdigest()[:12],
+        "perplexity": perplexity,
+    }
+
+
 def run_stack(
     mode: str,
     heal_steps: int,
@@ -289,8 +320,10 @@ def run_stack(
     env = {"GEARSHIFT_EMBEDDED__FAST_MODE": mode, "GEARSHIFT_EMBEDDED__HEAL_STEPS": str(heal_steps),
            "GEARSHIFT_EMBEDDED__PRUNE_REMOVE": str(remove),
            **{f"GEARSHIFT_EMBEDDED__{k.upper()}": str(v) for k, v in overrides.items()}}  # fmt: skip
-    with embedded_stack(env, f"[{mode}, heal {heal_steps}] ") as url:
+    fast_port = free_port()
+    with embedded_stack(env, f"[{mode}, heal {heal_steps}] ", fast_port=fast_port) as url:
         result = asyncio.run(measure(url, max_tokens, rounds))
+        result["fast_build"] = served_build(f"http://127.0.0.1:{fast_port}")
     result.update({"mode": mode, "heal_steps": heal_steps, "layers_removed": remove, **overrides})
     print(json.dumps(result), flush=True)
     return result

@@ -74,3 +74,35 @@ async def test_tiers_take_turns_and_every_round_is_reported(server):
     assert tiers[FULL]["tokens_c1"] == TOKENS[FULL] * prompts
     assert tiers[FAST]["tokens_c1"] == TOKENS[FAST] * prompts
     assert tiers[FULL]["tok_s_c1"] > 0 and tiers[FAST]["tok_s_c4"] > 0
+
+
+def test_a_run_names_the_build_it_measured(tmp_path):
+    """Two builds of the same settings differ in speed (docs/fast-tier.md): the run records
+    which weights the fast server served, as vLLM's /v1/models names their folder."""
+    import hashlib
+
+    from bench.tiers import served_build
+    from tests.support.servers import serve_in_thread
+
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    report = {"perplexity": {"full": 26.92, "pruned": 41.6, "healed": 30.4}}
+    (tmp_path / "gearshift-prune.json").write_text(json.dumps(report))
+
+    async def models(scope, receive, send):  # a minimal ASGI stand-in for vLLM's /v1/models
+        assert scope["path"] == "/v1/models"
+        body = json.dumps({"data": [{"id": "fast", "root": str(tmp_path)}]}).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": body})
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http":
+            await models(scope, receive, send)
+
+    with serve_in_thread(app) as url:
+        build = served_build(url)
+    assert build == {
+        "model_dir": str(tmp_path),
+        "weights_sha256": hashlib.sha256(b"weights").hexdigest()[:12],
+        "perplexity": report["perplexity"],
+    }
