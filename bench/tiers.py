@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -290,9 +292,6 @@ def served_build(url: str) -> dict[str, Any]:
     perplexities of its pruning report. Two builds of the same settings differ (vLLM's
     sampling of the healing conversations is not reproducible across machines), and so do
     their speeds: a figure is traceable to the build it was measured on (docs/fast-tier.md)."""
-    import hashlib
-    import urllib.request
-
     with urllib.request.urlopen(url + "/v1/models", timeout=30) as resp:
         root = Path(json.load(resp)["data"][0]["root"])
     digest = hashlib.sha256()

@@ -18,8 +18,10 @@ error per request:
 * ``refit``: least squares on half of the requests, checked on the other half — where
   ``DEFAULT``'s weights come from (they are printed, fitted on all of them).
 
-Last line: one JSON object with the median and 90th-percentile error of each and the ratio
-of the baseline's median error to the default's.
+It also times ``DEFAULT.estimate`` on each request (one core, best of 5), the cost the
+estimate adds to a routing decision. Last line: one JSON object with the median and
+90th-percentile error of each, the ratio of the baseline's median error to the default's,
+and the estimate's time (median, 99th percentile and worst, µs).
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -87,6 +91,25 @@ def agent_sessions(
     return bodies
 
 
+def estimate_cost(bodies: list[dict[str, Any]]) -> dict[str, float]:
+    """Microseconds ``DEFAULT.estimate`` takes per request, best of 5 (median, p99, worst)."""
+    if hasattr(os, "sched_setaffinity"):  # one core, as the router runs per request
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    times = []
+    for body in bodies:
+        best = min(_timed(body) for _ in range(5))
+        times.append(best * 1e6)
+    times.sort()
+    return {"median_us": round(statistics.median(times), 1),
+            "p99_us": round(times[int(0.99 * (len(times) - 1))], 1), "max_us": round(times[-1], 1)}  # fmt: skip
+
+
+def _timed(body: dict[str, Any]) -> float:
+    started = time.perf_counter()
+    DEFAULT.estimate(body)
+    return time.perf_counter() - started
+
+
 def errors(estimates: list[float], truth: list[int]) -> dict[str, float]:
     rel = sorted(abs(e - t) / t for e, t in zip(estimates, truth, strict=True))
     return {
@@ -125,6 +148,7 @@ def main() -> None:
             count_all(f"http://127.0.0.1:{full_port}", FULL_MODEL_NAME, bodies)
         )
 
+    cost = estimate_cost(bodies)
     rows = [counts(b).vector() for b in bodies]
     half = list(range(0, len(bodies), 2)), list(range(1, len(bodies), 2))
     refit = TokenModel.from_weights(
@@ -157,8 +181,11 @@ def main() -> None:
         f"the probes' counts (gateway.token_calibration.DEFAULT_FAMILY_COUNTS): "
         f"{calibration.probe_counts}"
     )
+    print(f"DEFAULT.estimate per request, one core: median {cost['median_us']} µs, "
+          f"p99 {cost['p99_us']} µs, worst {cost['max_us']} µs")  # fmt: skip
     ratio = results["chars_div_4"]["median"] / max(results["default"]["median"], 1e-9)
-    print(json.dumps({"requests": len(bodies), **results, "fitted_weights": weights,
+    print(json.dumps({"requests": len(bodies), **results, "estimate_cost": cost,
+                      "fitted_weights": weights,
                       "startup_uses_fit": calibration.uses_fit,
                       "startup_default_family": calibration.default_family,
                       "ratio_median_error_chars_div_4_vs_default": round(ratio, 1)}))  # fmt: skip

@@ -45,6 +45,7 @@ from gateway.telemetry import build_tracer_provider, end_span, start_span
 from gateway.token_calibration import TokenCalibrator
 from gateway.upstream import new_session
 from router import Decision, RouteRequest, Tier, build_policy
+from router.step_features import analysed
 from sandbox.client import SandboxClient
 
 log = logging.getLogger(__name__)
@@ -263,8 +264,7 @@ class Gateway:
             )  # fmt: skip
             try:
                 decision = self.policy.decide(request)
-                step = request.memo.get("step")
-                ctx.token_counts = step.counts if step is not None else None
+                ctx.route_step = analysed(request)
             except Exception as exc:  # a routing bug must not fail the request
                 log.exception("routing policy failed on request %s", ctx.request_id)
                 why = f"policy error ({type(exc).__name__}): full tier"
@@ -419,8 +419,9 @@ class Gateway:
             m.ttft.labels(tier).observe(ctx.first_byte_at - ctx.t0)
         if ctx.prompt_tokens:
             m.tokens.labels(tier, "prompt").inc(ctx.prompt_tokens)
-            if ctx.token_counts is not None:  # what the tier counted, to learn the estimate from
-                error = self.token_calibrator.observe(ctx.token_counts, ctx.prompt_tokens)
+            if (step := ctx.route_step) is not None:  # the tier's count, to learn the estimate from
+                estimated = step.features["prompt_tokens"]
+                error = self.token_calibrator.observe(step.counts, ctx.prompt_tokens, estimated)
                 if error is not None:
                     m.prompt_token_error.observe(error)
         if ctx.completion_tokens:

@@ -307,12 +307,17 @@ class TokenCalibrator:
         self._since_refit = 0
         self._refitting: asyncio.Task[None] | None = None
 
-    def observe(self, sizes: Counts, prompt_tokens: int) -> float | None:
-        """A tier counted ``prompt_tokens`` for a request the router saw as ``sizes``;
-        returns the current weights' relative error on it (None: nothing to learn from)."""
+    def observe(
+        self, sizes: Counts, prompt_tokens: int, estimated: float | None = None
+    ) -> float | None:
+        """A tier counted ``prompt_tokens`` for a request the router saw as ``sizes`` and
+        estimated at ``estimated`` (by default: what the current weights say); returns the
+        relative error of that estimate (None: nothing to learn from)."""
         if sizes.token_ids or prompt_tokens <= 0:
             return None
-        error = abs(self.model.estimate_counts(sizes) - prompt_tokens) / prompt_tokens
+        if estimated is None:
+            estimated = self.model.estimate_counts(sizes)
+        error = abs(estimated - prompt_tokens) / prompt_tokens
         if self._pool is None:  # calibration off: measured, not learnt from
             return error
         self._samples.append((sizes, prompt_tokens))

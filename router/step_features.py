@@ -88,6 +88,12 @@ def analyse_request(request: RouteRequest) -> Step:
     return step
 
 
+def analysed(request: RouteRequest) -> Step | None:
+    """The step's features if a policy of the chain computed them (``analyse_request``)."""
+    step = request.memo.get("step")
+    return step if isinstance(step, Step) else None
+
+
 def analyse(body: Mapping[str, Any], tokens: TokenModel | None = None) -> Step:
     """The step's features; ``tokens`` estimates its prompt tokens (``router.tokens``)."""
     messages = body.get("messages")

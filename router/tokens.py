@@ -53,9 +53,10 @@ class Counts:
 
     def vector(self) -> list[float]:
         """``[1, no_system, messages, ...]``: the design row ``TokenModel`` weights."""
-        return [1.0, *(getattr(self, f.name) for f in fields(self) if f.name != "token_ids")]
+        return [1.0, *(getattr(self, name) for name in _WEIGHTED)]
 
 
+_WEIGHTED = tuple(f.name for f in fields(Counts) if f.name != "token_ids")
 NOTHING = Counts()
 
 
