@@ -112,6 +112,12 @@ class StoreUnavailable(GatewayError):
     code = "store_unavailable"
 
 
+class ShuttingDown(GatewayError):
+    status = 503
+    type = "service_unavailable"
+    code = "shutting_down"
+
+
 class UpstreamError(GatewayError):
     status = 502
     type = "upstream_error"

@@ -12,6 +12,7 @@ Everything else — models, health, readiness, metrics — is a FastAPI route.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import time
@@ -19,7 +20,7 @@ import time
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import MethodNotAllowed, exception_response
+from gateway.errors import MethodNotAllowed, ShuttingDown, exception_response
 from gateway.serving import Gateway
 
 _VALID_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
@@ -48,6 +49,17 @@ class GatewayEntry:
             response = await self.gateway.handle(Request(scope, receive), endpoint)
         except Exception as exc:  # mapped to an OpenAI error; bugs are logged there
             response = exception_response(exc, request_id)
+        except asyncio.CancelledError:
+            # uvicorn cancels what still runs when its graceful shutdown runs out (`serve`
+            # drains 10 s); unanswered, the client would get its bare "Internal Server Error"
+            stopping = ShuttingDown(
+                "the gateway shut down before this request finished; nothing was returned, "
+                "so it is safe to send it again (to another instance, or to this one once "
+                "it is back)",
+                headers={"retry-after": "1"},
+            )
+            await exception_response(stopping, request_id)(scope, receive, send)
+            raise
         await response(scope, receive, send)
 
 

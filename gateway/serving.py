@@ -302,6 +302,9 @@ class Gateway:
         watch = asyncio.ensure_future(wait_disconnect(receive))
         try:
             await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the server is stopping: the upstream request goes too
+            work.cancel()
+            raise
         finally:
             watch.cancel()
         if not work.done():

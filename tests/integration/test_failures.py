@@ -224,3 +224,53 @@ def _wait_for(predicate, timeout: float = 5.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.02)
+
+
+def test_request_still_running_when_shutdown_drain_ends_gets_503_in_openai_shape(tmp_path):
+    """uvicorn cancels what still runs when its graceful shutdown times out; the client gets
+    a 503 it can act on (not uvicorn's bare 500) and the upstream request is abandoned."""
+    import threading
+
+    import httpx
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.config import Settings
+    from tests.support.servers import free_port, serve_in_thread
+
+    full = FakeUpstream().then(Behaviour("stall"))
+    with serve_in_thread(full.app) as upstream:
+        settings = Settings(
+            tiers={"full": {"model": "m", "replicas": [upstream]}},
+            router={"calibrate_tokens": False},
+            store={"url": f"sqlite:///{tmp_path}/t.db"},
+        )
+        port = free_port()
+        config = uvicorn.Config(
+            create_app(settings), host="127.0.0.1", port=port, log_level="critical",
+            lifespan="on", timeout_graceful_shutdown=0.5,
+        )  # fmt: skip
+        server = uvicorn.Server(config)
+        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        _wait_for(lambda: server.started)
+        answer: list[httpx.Response] = []
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        asking = threading.Thread(
+            target=lambda: answer.append(
+                httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=20)
+            )
+        )
+        asking.start()
+        _wait_for(lambda: len(full.requests) == 1)
+        server.should_exit = True
+        asking.join(20)
+        thread.join(20)
+        _wait_for(lambda: full.disconnects == 1)
+    (resp,) = answer
+    assert resp.status_code == 503
+    assert resp.headers["retry-after"] == "1"
+    error = resp.json()["error"]
+    assert error["code"] == "shutting_down" and error["type"] == "service_unavailable"
+    assert "safe to send it again" in error["message"]
