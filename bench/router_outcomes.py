@@ -18,6 +18,11 @@ tier's chance on the task that is less noisy than one greedy answer; the router'
 for requests that sample is trained and scored on these (``bench.router_eval``). ``--temperature``
 sets another temperature for the samples, and ``--scale 0.25`` takes the first quarter of
 each source's tasks (``bench.router_eval --check`` scores the models on such a file).
+
+``--full-from FILE`` takes the full tier's outcomes from an earlier file of the same regime
+(same task keys, samples and temperature) and asks only the fast tier: after a change to
+the fast tier alone, the full model's answers are the same and collecting takes half the
+time. The header then names the file (``full_from``).
 """
 
 from __future__ import annotations
@@ -58,7 +63,13 @@ async def answer(
         started = time.perf_counter()
         try:
             async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
-                data = await resp.json()
+                text = await resp.text()
+                try:
+                    data = json.loads(text)
+                except ValueError:  # a bare error page
+                    data = text
+                if resp.status >= 500:  # the tier failed the task (after the gateway's retries)
+                    return failed(task, tier, resp.status, data, time.perf_counter() - started)
                 if resp.status != 200:
                     raise RuntimeError(f"{task.id} on {tier}: HTTP {resp.status} {data}")
             break
@@ -83,6 +94,17 @@ async def answer(
     return out
 
 
+def failed(task: Task, tier: str, status: int, data: Any, seconds: float) -> dict[str, Any]:
+    """A tier that answers a task with a server error has failed it: score 0, and the error
+    kept (vLLM 0.32 ends some requests with structured output under speculative decoding
+    with a 500, "grammar rejected tokens"; docs/fast-tier.md)."""
+    error = data.get("error", {}) if isinstance(data, dict) else {}
+    message = error.get("message") if isinstance(error, dict) else None
+    print(f"  {task.id} on {tier}: HTTP {status}, scored 0", file=sys.stderr, flush=True)
+    return {"score": 0.0, "tokens": 0, "seconds": round(seconds, 3),
+            "error": f"HTTP {status}: {message or data}"}  # fmt: skip
+
+
 async def collect(
     url: str,
     out: Path,
@@ -91,8 +113,10 @@ async def collect(
     samples: int = 1,
     temperature: float = 0.7,
     fast_tier: dict[str, Any] | None = None,
+    full_from: Path | None = None,
 ) -> int:
     done = load(out)
+    reused = load(full_from) if full_from is not None else {}
     todo = [t for t in tasks if t.check is not None and t.key not in done]
     out.parent.mkdir(parents=True, exist_ok=True)
     timeout = aiohttp.ClientTimeout(total=900)
@@ -104,6 +128,8 @@ async def collect(
                       "temperature": temperature if samples > 1 else 0.0}  # fmt: skip
             if fast_tier is not None:  # known when this run started the embedded stack
                 header["fast_tier"] = fast_tier
+            if full_from is not None:
+                header["full_from"] = full_from.name
             out.write_text(json.dumps(header) + "\n")
         gate = asyncio.Semaphore(concurrency)
         lock = asyncio.Lock()
@@ -112,10 +138,14 @@ async def collect(
         async def one(task: Task) -> None:
             nonlocal finished
             async with gate:
-                full, fast = await asyncio.gather(
-                    answer(session, url, "full", task, samples, temperature),
-                    answer(session, url, "fast", task, samples, temperature),
-                )
+                if task.key in reused:
+                    full = reused[task.key]["full"]
+                    fast = await answer(session, url, "fast", task, samples, temperature)
+                else:
+                    full, fast = await asyncio.gather(
+                        answer(session, url, "full", task, samples, temperature),
+                        answer(session, url, "fast", task, samples, temperature),
+                    )
             async with lock:
                 with out.open("a") as f:
                     f.write(json.dumps({"key": task.key, "id": task.id, "full": full, "fast": fast}) + "\n")  # fmt: skip
@@ -142,6 +172,20 @@ def load(path: Path) -> dict[str, dict[str, Any]]:
     return {r["key"]: r for r in rows if "key" in r}
 
 
+def check_same_regime(path: Path, samples: int, temperature: float) -> None:
+    """Reused outcomes must come from the regime being collected (samples, temperature)."""
+    if not path.is_file():
+        raise SystemExit(f"--full-from {path}: no such file")
+    first = header(path)
+    wanted = temperature if samples > 1 else 0.0
+    if first.get("samples") != samples or first.get("temperature") != wanted:
+        raise SystemExit(
+            f"--full-from {path}: its outcomes are {first.get('samples')} answer(s) at "
+            f"temperature {first.get('temperature')}, not {samples} at {wanted}; "
+            "reuse a file of the same regime"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -155,11 +199,19 @@ def main() -> None:
         help="answers per task and tier at --temperature (default 1: greedy); use another --out",
     )  # fmt: skip
     parser.add_argument("--temperature", type=float, default=0.7, help="with --samples > 1")
+    parser.add_argument(
+        "--full-from", type=Path, metavar="FILE",
+        help="reuse the full tier's outcomes from FILE (same regime); ask only the fast tier",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.full_from is not None:
+        check_same_regime(args.full_from, args.samples, args.temperature)
     tasks = all_tasks(args.scale)
     how = (args.concurrency, args.samples, args.temperature)
     if args.url:
-        n = asyncio.run(collect(args.url.rstrip("/"), args.out, tasks, *how))
+        n = asyncio.run(
+            collect(args.url.rstrip("/"), args.out, tasks, *how, full_from=args.full_from)
+        )
     else:
         from bench.tiers import embedded_stack
         from gateway.config import load_settings
@@ -167,7 +219,7 @@ def main() -> None:
 
         fast_tier = fast_tier_identity(load_settings().embedded)  # the stack reads the same env
         with embedded_stack() as url:
-            n = asyncio.run(collect(url, args.out, tasks, *how, fast_tier))
+            n = asyncio.run(collect(url, args.out, tasks, *how, fast_tier, args.full_from))
     print(json.dumps({"collected": n, "total": len(load(args.out)), "out": str(args.out)}))
 
 
