@@ -103,6 +103,7 @@ def provision(home: Path, python: Path, source: ModelSource = DEFAULT_MODEL) -> 
 PRUNING = Path(__file__).with_name("pruning.py")
 SELFDATA = Path(__file__).with_name("selfdata.py")
 CALIBRATION = Path(__file__).with_name("assets") / "calibration.jsonl"
+SHIPPED_HEAL_DATA = Path(__file__).with_name("assets") / "heal-data"
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,26 +151,55 @@ def run_pruning(python: Path, args: list[str]) -> int:
     ).returncode
 
 
+def shipped_self_data(full_dir: Path, samples: int) -> Path | None:
+    """Conversations ``full_dir``'s model wrote once and the repository ships, when it ships
+    them for this model and sample count (``backends/assets/heal-data``).
+
+    Written conversations differ from machine to machine (vLLM's sampling on CPU is not
+    reproducible across machines), and the pruned model healed on them differs with them, in
+    speed as well as in answers (docs/fast-tier.md). Healing every build on the same text
+    makes the embedded fast tier the same tier everywhere, the one the router's models
+    learned from, and saves the minutes of writing."""
+    path = SHIPPED_HEAL_DATA / f"{full_dir.name}-self-{samples}.jsonl"
+    stats = path.with_name(path.name + ".stats.json")
+    if not (path.is_file() and stats.is_file()):
+        return None
+    made_by = json.loads(stats.read_text()).get("made_by")
+    # the seed is the pruning default, which provisioning never changes
+    if made_by != {"source": full_dir.name, "samples": samples, "seed": 0}:
+        return None
+    return path
+
+
 def provision_pruned(home: Path, python: Path, full_dir: Path, options: PruneOptions) -> Path:
     """The fast-tier variant of ``full_dir``, built once per source, options and pruning code."""
+    shipped = shipped_self_data(full_dir, options.heal_samples) if options.self_written else None
     key = hashlib.sha256()
     key.update(full_dir.name.encode())  # carries the source weights' hash
     key.update(json.dumps(options.args()).encode())
     key.update(CALIBRATION.read_bytes())
     key.update(PRUNING.read_bytes())
-    if options.self_written:
+    if shipped is not None:  # the text healed on, not the code that would have written it
+        key.update(shipped.read_bytes())
+    elif options.self_written:
         key.update(SELFDATA.read_bytes())
     out = home / "models" / f"{full_dir.name}-pruned-{key.hexdigest()[:10]}"
     if (out / COMPLETE_MARKER).exists():
         log.info("fast-tier model cached at %s", out)
         return out
-    took = "up to 25 minutes" if options.self_written else "a few minutes"
+    took = (
+        "about 15 minutes" if shipped else "up to 25 minutes" if options.self_written
+        else "a few minutes"
+    )  # fmt: skip
     tqdm.write(
         f"[provision] building the fast tier: {' '.join(options.args())} "
         f"(once per model and options; {took} on 2 cores for the default model)"
     )
     args = [str(full_dir), str(out), *options.args()]
-    if options.self_written:  # written once per model and selfdata code, shared by prunings
+    if shipped is not None:  # read, never written: its stats match what pruning checks
+        tqdm.write(f"[provision] healing on the conversations shipped in {shipped}")
+        args += ["--self-data", str(shipped)]
+    elif options.self_written:  # written once per model and selfdata code, shared by prunings
         code = hashlib.sha256(SELFDATA.read_bytes()).hexdigest()[:10]
         shared = home / "heal-data" / f"{full_dir.name}-self-{options.heal_samples}-{code}.jsonl"
         args += ["--self-data", str(shared)]

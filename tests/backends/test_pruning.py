@@ -213,3 +213,44 @@ def test_the_full_model_writes_its_own_healing_conversations(tmp_path):
             m["content"].strip() == m["content"] and m["content"] for m in conversation["messages"]
         )
     assert len({c["messages"][0]["content"] for c in written}) == 4  # no request twice
+
+
+def test_the_default_model_heals_on_the_conversations_the_repository_ships(tmp_path, monkeypatch):
+    """Every machine builds the embedded fast tier from the same 256 conversations instead of
+    writing its own (which differ from machine to machine, and the tier with them)."""
+    from backends import provision as provisioning
+
+    source = provision(EmbeddedSettings().home, ENGINE, DEFAULT_MODEL)
+    shipped = provisioning.shipped_self_data(source, 256)
+    assert shipped is not None, "no shipped conversations match the default model's folder name"
+    assert provisioning.shipped_self_data(source, 64) is None  # other counts are written
+    conversations = [json.loads(line) for line in shipped.read_text().splitlines()]
+    assert len(conversations) == 256
+    assert all([m["role"] for m in c["messages"]] == ["user", "assistant"] for c in conversations)
+    before = shipped.read_bytes()
+
+    # Pruning reads them as written data of this model, without starting vLLM to write any.
+    out = tmp_path / "healed"
+    result = prune(source, out, "--remove", "2", "--heal-steps", "1", "--heal-data", "self",
+                   "--heal-samples", "256", "--self-data", str(shipped))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    healing = json.loads((out / "gearshift-prune.json").read_text())["healing"]
+    assert healing["self_data"]["reused"] == str(shipped)
+    assert (out / "gearshift-heal-data.jsonl").read_bytes() == before == shipped.read_bytes()
+
+    # Provisioning passes them, and they (not the writing code) key the cached build.
+    calls: list[list[str]] = []
+
+    def run_pruning(_: Path, args: list[str]) -> int:  # what it would run; built above
+        calls.append(args)
+        Path(args[1]).mkdir(parents=True)
+        return 0
+
+    monkeypatch.setattr(provisioning, "run_pruning", run_pruning)
+    options = provisioning.PruneOptions(4, heal_steps=400, heal_data="self", heal_samples=256)
+    built = provisioning.provision_pruned(tmp_path, ENGINE, source, options)
+    assert calls[-1][-2:] == ["--self-data", str(shipped)]
+    other = provisioning.PruneOptions(4, heal_steps=400, heal_data="self", heal_samples=64)
+    elsewhere = provisioning.provision_pruned(tmp_path, ENGINE, source, other)
+    assert calls[-1][-1].startswith(str(tmp_path / "heal-data"))
+    assert built != elsewhere
