@@ -68,7 +68,9 @@ async def answer(
                     data = json.loads(text)
                 except ValueError:  # a bare error page
                     data = text
-                if resp.status >= 500:  # the tier failed the task (after the gateway's retries)
+                # the tier failed the task (the gateway's 502 after its retries); a 503 or 504
+                # says the stack is down or stopping, which is no outcome of the task
+                if resp.status in (500, 502):
                     return failed(task, tier, resp.status, data, time.perf_counter() - started)
                 if resp.status != 200:
                     raise RuntimeError(f"{task.id} on {tier}: HTTP {resp.status} {data}")

@@ -6,12 +6,14 @@ import asyncio
 import json
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 
 from bench.router_outcomes import (
     DEFAULT_OUT,
     SAMPLED_OUT,
+    answer,
     check_same_regime,
     collect,
     header,
@@ -109,3 +111,27 @@ def test_full_from_reuses_the_full_tiers_outcomes_and_asks_only_the_fast_tier(tm
         check_same_regime(earlier, 4, 0.7)
     with pytest.raises(SystemExit, match="no such file"):
         check_same_regime(tmp_path / "missing.jsonl", 1, 0.7)
+
+
+def test_a_stack_that_is_stopping_ends_the_run_instead_of_scoring_the_tier():
+    """A 503 (stopping, no healthy replica) is no outcome of the task; a 500 or 502 is."""
+    stopping = Task("t4", "reasoning_gym", "sum", 1, {"messages": []}, lambda m: True)
+
+    async def answer_while_stopping() -> None:
+        async def shutting_down(_: web.Request) -> web.Response:
+            return web.json_response({"error": {"code": "shutting_down"}}, status=503)
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", shutting_down)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+                await answer(session, url, "fast", stopping)
+        finally:
+            await runner.cleanup()
+
+    with pytest.raises(RuntimeError, match="HTTP 503"):
+        asyncio.run(answer_while_stopping())
