@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from router.step_features import Step
+from router.tokens import Counts
 from router.types import Decision, Tier
 
 
@@ -33,7 +33,7 @@ class RequestContext:
     finish_reasons: list[str] = field(default_factory=list)
     error: str | None = None
     escalated: str | None = None  # why a fast-tier answer was re-run on the full tier
-    route_step: Step | None = None  # the router's view of the request (its size, features)
+    route_counts: Counts | None = None  # what the router sized the prompt by (router.tokens)
 
     def overhead_ms(self, now: float | None = None) -> float:
         """Time spent in the gateway itself so far: elapsed minus time waiting on replicas."""

@@ -45,7 +45,7 @@ from gateway.telemetry import build_tracer_provider, end_span, start_span
 from gateway.token_calibration import TokenCalibrator
 from gateway.upstream import new_session
 from router import Decision, RouteRequest, Tier, build_policy
-from router.step_features import analysed
+from router.step_features import request_counts
 from sandbox.client import SandboxClient
 
 log = logging.getLogger(__name__)
@@ -264,7 +264,7 @@ class Gateway:
             )  # fmt: skip
             try:
                 decision = self.policy.decide(request)
-                ctx.route_step = analysed(request)
+                ctx.route_counts = request_counts(request)  # computed once, shared
             except Exception as exc:  # a routing bug must not fail the request
                 log.exception("routing policy failed on request %s", ctx.request_id)
                 why = f"policy error ({type(exc).__name__}): full tier"
@@ -422,9 +422,8 @@ class Gateway:
             m.ttft.labels(tier).observe(ctx.first_byte_at - ctx.t0)
         if ctx.prompt_tokens:
             m.tokens.labels(tier, "prompt").inc(ctx.prompt_tokens)
-            if (step := ctx.route_step) is not None:  # the tier's count, to learn the estimate from
-                estimated = step.features["prompt_tokens"]
-                error = self.token_calibrator.observe(step.counts, ctx.prompt_tokens, estimated)
+            if (sizes := ctx.route_counts) is not None:  # the tier's count: learn the estimate
+                error = self.token_calibrator.observe(sizes, ctx.prompt_tokens)
                 if error is not None:
                     m.prompt_token_error.observe(error)
         if ctx.completion_tokens:

@@ -84,17 +84,23 @@ def analyse_request(request: RouteRequest) -> Step:
     """``analyse(request.body)``, once per request: a chain of policies shares it."""
     step = request.memo.get("step")
     if step is None:
-        step = request.memo["step"] = analyse(request.body, request.tokens)
+        step = analyse(request.body, request.tokens, request_counts(request))
+        request.memo["step"] = step
     return step
 
 
-def analysed(request: RouteRequest) -> Step | None:
-    """The step's features if a policy of the chain computed them (``analyse_request``)."""
-    step = request.memo.get("step")
-    return step if isinstance(step, Step) else None
+def request_counts(request: RouteRequest) -> Counts:
+    """``counts(request.body)``, once per request: every policy that sizes the prompt and
+    the gateway, which learns the estimate from the tier's count, share it."""
+    sizes = request.memo.get("counts")
+    if sizes is None:
+        sizes = request.memo["counts"] = counts(request.body)
+    return sizes
 
 
-def analyse(body: Mapping[str, Any], tokens: TokenModel | None = None) -> Step:
+def analyse(
+    body: Mapping[str, Any], tokens: TokenModel | None = None, sizes: Counts | None = None
+) -> Step:
     """The step's features; ``tokens`` estimates its prompt tokens (``router.tokens``)."""
     messages = body.get("messages")
     msgs = [m for m in messages if isinstance(m, Mapping)] if isinstance(messages, Sequence) else []
@@ -109,7 +115,7 @@ def analyse(body: Mapping[str, Any], tokens: TokenModel | None = None) -> Step:
     )
     if len(user_text) > 2 * SCAN:
         user_text = user_text[:SCAN] + "\n" + user_text[-SCAN:]
-    sizes = counts(body)
+    sizes = counts(body) if sizes is None else sizes
     fmt = body.get("response_format")
     choice = body.get("tool_choice")
     limit = body.get("max_completion_tokens") or body.get("max_tokens")

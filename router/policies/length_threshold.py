@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.policy import Policy, PolicyError, register
-from router.tokens import estimate_prompt_tokens
+from router.step_features import request_counts
+from router.tokens import DEFAULT
 from router.types import Decision, RouteRequest, Tier
 
 DEFAULT_THRESHOLD_TOKENS = 512
@@ -23,7 +24,7 @@ class LengthThreshold:
     name: str = "length_threshold"
 
     def decide(self, request: RouteRequest) -> Decision:
-        tokens = estimate_prompt_tokens(request.body, request.tokens)
+        tokens = (request.tokens or DEFAULT).estimate_counts(request_counts(request))
         if tokens >= self.threshold_tokens:
             tier, cmp = Tier.FULL, ">="
         else:
