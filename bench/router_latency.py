@@ -9,7 +9,8 @@ is pinned to one CPU), after a warm-up, in each of ``passes`` passes over all sh
 shape's p99 is the median of its passes' p99s, so that a burst of load from a neighbour on
 a shared machine, which lands in one pass, does not become the figure: the gateway's default policy (session -> rules ->
 the shipped classifier, what a deployment runs) plus the session key the gateway derives
-from the opening messages. The length-threshold baseline is timed the same way as
+from the opening messages, and the session's previous step's exact prompt count, from which
+this step's is sized (``router.tokens.anchored``). The length-threshold baseline is timed the same way as
 the reference. Last line: one JSON object with ``p99_ms`` (the worst shape's p99),
 ``p50_ms`` and the ratio to the baseline.
 """
@@ -26,6 +27,7 @@ from typing import Any
 from gateway.config import Settings
 from gateway.route_state import opening_key
 from router import RouteRequest, build_policy
+from router.tokens import DEFAULT, Anchor, counts, position
 from router.types import SessionState, Tier
 
 MESSAGES = (1, 10, 30, 100)
@@ -57,8 +59,18 @@ def session(messages: int, tokens: int) -> dict[str, Any]:
     return {"model": "auto", "messages": body, "tools": [tool], "max_tokens": 512}
 
 
+def previous_step(body: dict[str, Any]) -> Anchor | None:
+    """The session's step before this one, as the tier would have counted it: the router
+    then sizes this step from that count (``router.tokens.anchored``), as in production."""
+    before = {**body, "messages": body["messages"][:-1]}
+    where = position(before)
+    if where is None:
+        return None
+    return Anchor(*where, counts(before), DEFAULT.estimate(before))
+
+
 def time_policy(policy: Any, body: dict[str, Any], repeats: int) -> list[float]:
-    state = SessionState(steps=3, last_tier=Tier.FULL)
+    state = SessionState(steps=3, last_tier=Tier.FULL, anchor=previous_step(body))
     for _ in range(20):  # warm-up
         policy.decide(RouteRequest("chat", body, opening_key(body), state))
     times = []

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import random
@@ -44,7 +45,7 @@ from bench.router_tasks import all_tasks
 from bench.tiers import embedded_stack, free_port
 from gateway.embedded import FULL_MODEL_NAME
 from gateway.token_calibration import Calibration, calibrate, fit_weights, replica_tokenizer
-from router.tokens import DEFAULT, TokenModel, counts
+from router.tokens import DEFAULT, Anchor, TokenModel, anchored, counts, position
 
 
 def _message_chars(body: Mapping[str, Any]) -> int:
@@ -91,6 +92,94 @@ def agent_sessions(
     return bodies
 
 
+def _odd_text(rng: random.Random, size: int) -> str:
+    """What tools return that the estimate reads badly: base64, a hex dump, CJK text."""
+    kind = rng.randrange(3)
+    if kind == 0:
+        return base64.b64encode(rng.randbytes(size * 3 // 4)).decode()
+    if kind == 1:
+        rows = (
+            f"{16 * i:08x}: " + " ".join(f"{b:02x}" for b in rng.randbytes(16))
+            for i in range(max(1, size // 58))
+        )
+        return "\n".join(rows)
+    return "".join(chr(rng.randrange(0x4E00, 0x9FA5)) for _ in range(max(1, size // 3)))
+
+
+def growing_sessions(
+    n: int, seed: int, tool_lists: list[list[dict[str, Any]]]
+) -> list[tuple[bool, list[dict[str, Any]]]]:
+    """Agent sessions step by step, as the tier receives them: every step resends the
+    conversation so far plus the last tool call and its result (now and then an answer and
+    a new user turn). Half the sessions read the standard library's sources, which the
+    estimate reads well; half also read base64, hex dumps or CJK text (``_odd_text``).
+    Returns (odd, [the body of each step])."""
+    rng = random.Random(seed + 1)
+    stdlib = Path(json.__file__).resolve().parent.parent
+    files = [p.read_text(encoding="utf-8") for p in sorted(stdlib.glob("*.py"))[:150]]
+    sessions = []
+    for i in range(n):
+        odd = i % 2 == 1
+        msgs: list[dict[str, Any]] = []
+        if rng.random() < 0.7:
+            msgs.append({"role": "system", "content": rng.choice(files)[: rng.randint(50, 2000)]})
+        msgs.append({"role": "user", "content": rng.choice(files)[: rng.randint(20, 1000)]})
+        tools = rng.choice(tool_lists)
+        steps = [{"messages": list(msgs), "tools": tools}]
+        for step in range(rng.randint(2, 8)):
+            args = {"path": f"data/f{step}.bin", "offset": rng.randint(0, 9999)}
+            call = {"id": f"c{step}", "type": "function",
+                    "function": {"name": "read_file", "arguments": json.dumps(args)}}  # fmt: skip
+            msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            size = rng.randint(200, 4000)
+            if odd and rng.random() < 0.6:
+                result = _odd_text(rng, size)
+            else:
+                text = rng.choice(files)
+                start = rng.randint(0, max(0, len(text) - 10))
+                result = text[start : start + size]
+            msgs.append({"role": "tool", "tool_call_id": f"c{step}", "content": result})
+            if rng.random() < 0.3:
+                msgs.append({"role": "assistant", "content": rng.choice(files)[:300]})
+                msgs.append({"role": "user", "content": "ok, continue"})
+            steps.append({"messages": list(msgs), "tools": tools})
+        sessions.append((odd, steps))
+    return sessions
+
+
+def anchoring(
+    sessions: list[tuple[bool, list[dict[str, Any]]]], truth: list[int]
+) -> dict[str, dict[str, float]]:
+    """Relative error of every step after a session's first, estimated alone and sized
+    from the step before (``router.tokens.anchored``, with that step's exact count), for
+    all sessions, the plain and the odd ones, and at each session's last step."""
+    found: dict[str, tuple[list[float], list[float], list[int]]] = {}
+    counted = iter(truth)
+    for odd, steps in sessions:
+        exact = [next(counted) for _ in steps]
+        anchor = None
+        for k, body in enumerate(steps):
+            sizes = counts(body)
+            used, was_anchored = anchored(DEFAULT, sizes, body, anchor)
+            if k:
+                assert was_anchored, "a growing session's step must be sized from its last"
+                groups = ["all", "odd" if odd else "plain"]
+                groups += ["last_step"] if k == len(steps) - 1 else []
+                for group in groups:
+                    raw, anch, true = found.setdefault(group, ([], [], []))
+                    raw.append(DEFAULT.estimate_counts(sizes))
+                    anch.append(used)
+                    true.append(exact[k])
+            where = position(body)
+            assert where is not None
+            anchor = Anchor(*where, sizes, exact[k])
+    return {
+        f"{group}_{name}": errors(values, true)
+        for group, (raw, anch, true) in found.items()
+        for name, values in (("estimate", raw), ("anchored", anch))
+    }
+
+
 def estimate_cost(bodies: list[dict[str, Any]]) -> dict[str, float]:
     """Microseconds ``DEFAULT.estimate`` takes per request, best of 5 (median, p99, worst)."""
     if hasattr(os, "sched_setaffinity"):  # one core, as the router runs per request
@@ -134,19 +223,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=300, help="synthetic agent sessions")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--growing", type=int, default=200, help="agent sessions measured step by step"
+    )
     args = parser.parse_args()
 
     tasks = all_tasks()
     bodies = [t.body for t in tasks]
     tool_lists = [b["tools"] for b in bodies if b.get("tools")]
     bodies += agent_sessions(args.sessions, args.seed, tool_lists)
-    print(f"{len(tasks)} evaluation requests and {args.sessions} agent sessions", flush=True)
+    sessions = growing_sessions(args.growing, args.seed, tool_lists)
+    session_steps = [body for _, steps in sessions for body in steps]
+    print(
+        f"{len(tasks)} evaluation requests and {args.sessions} agent sessions; "
+        f"{args.growing} more sessions step by step ({len(session_steps)} steps)",
+        flush=True,
+    )
 
     full_port = free_port()
     with embedded_stack(full_port=full_port):
         truth, calibration = asyncio.run(
-            count_all(f"http://127.0.0.1:{full_port}", FULL_MODEL_NAME, bodies)
+            count_all(f"http://127.0.0.1:{full_port}", FULL_MODEL_NAME, bodies + session_steps)
         )
+    truth, step_truth = truth[: len(bodies)], truth[len(bodies) :]
+    in_sessions = anchoring(sessions, step_truth)
 
     cost = estimate_cost(bodies)
     rows = [counts(b).vector() for b in bodies]
@@ -181,11 +281,19 @@ def main() -> None:
         f"the probes' counts (gateway.token_calibration.DEFAULT_FAMILY_COUNTS): "
         f"{calibration.probe_counts}"
     )
+    print(
+        f"\nsession steps after the first ({len(session_steps) - len(sessions)}): the "
+        f"estimate alone against sized from the step before's exact count "
+        f"(router.tokens.anchored)\n{'steps':24s} {'median':>8s} {'p90':>8s} {'max':>8s}"
+    )
+    for name, e in in_sessions.items():
+        print(f"{name:24s} {e['median']:8.3f} {e['p90']:8.3f} {e['max']:8.3f}")
     print(f"DEFAULT.estimate per request, one core: median {cost['median_us']} µs, "
           f"p99 {cost['p99_us']} µs, worst {cost['max_us']} µs")  # fmt: skip
     ratio = results["chars_div_4"]["median"] / max(results["default"]["median"], 1e-9)
     print(json.dumps({"requests": len(bodies), **results, "estimate_cost": cost,
                       "fitted_weights": weights,
+                      "session_steps": in_sessions,
                       "startup_uses_fit": calibration.uses_fit,
                       "startup_default_family": calibration.default_family,
                       "ratio_median_error_chars_div_4_vs_default": round(ratio, 1)}))  # fmt: skip

@@ -34,6 +34,8 @@ class RequestContext:
     error: str | None = None
     escalated: str | None = None  # why a fast-tier answer was re-run on the full tier
     route_counts: Counts | None = None  # what the router sized the prompt by (router.tokens)
+    route_tokens: tuple[int, bool] | None = None  # its prompt tokens, and whether anchored
+    route_position: tuple[int, int] | None = None  # where the conversation ends (tokens.position)
 
     def overhead_ms(self, now: float | None = None) -> float:
         """Time spent in the gateway itself so far: elapsed minus time waiting on replicas."""

@@ -116,6 +116,12 @@ class Metrics:
             "Relative error of the router's prompt-token estimate against the tier's count",
             buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0), registry=r,
         )  # fmt: skip
+        self.prompt_token_anchored_error = Histogram(
+            "gearshift_route_prompt_tokens_anchored_error",
+            "Relative error of the prompt tokens the router used for a session's step sized "
+            "from its previous step's exact count, against the tier's count",
+            buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0), registry=r,
+        )  # fmt: skip
         self.escalations = Counter(
             "gearshift_escalations",
             "Fast-tier answers re-run on the full tier before reaching the client",

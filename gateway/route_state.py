@@ -18,6 +18,7 @@ from typing import Any
 
 from gateway.pool import TierPool
 from gateway.scrape import Scraper
+from router.tokens import Anchor
 from router.types import LoadSignals, SessionState, Tier
 
 OPENING_CHARS = 4096
@@ -76,9 +77,17 @@ class RouteSessions:
         return state
 
     def update(
-        self, tenant: str, key: str | None, tier: Tier, *, escalated: bool, failed: bool
+        self,
+        tenant: str,
+        key: str | None,
+        tier: Tier,
+        *,
+        escalated: bool,
+        failed: bool,
+        anchor: Anchor | None = None,
     ) -> None:
-        """Count a finished step: the tier that answered and whether the fast tier failed."""
+        """Count a finished step: the tier that answered, whether the fast tier failed and,
+        when the tier counted the prompt of a routed step, that count (``anchor``)."""
         if key is None:
             return
         state = self.get(tenant, key) or SessionState()
@@ -90,6 +99,7 @@ class RouteSessions:
             escalations=state.escalations + int(escalated),
             fast_failures=state.fast_failures + int(fast_failed),
             last_failure_step=state.steps if fast_failed else state.last_failure_step,
+            anchor=anchor or state.anchor,
         )
         self._table[(tenant, key)] = (time.monotonic(), state)
         self._table.move_to_end((tenant, key))

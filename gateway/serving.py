@@ -45,7 +45,8 @@ from gateway.telemetry import build_tracer_provider, end_span, start_span
 from gateway.token_calibration import TokenCalibrator
 from gateway.upstream import new_session
 from router import Decision, RouteRequest, Tier, build_policy
-from router.step_features import request_counts
+from router.step_features import request_counts, request_prompt_tokens
+from router.tokens import Anchor, position
 from sandbox.client import SandboxClient
 
 log = logging.getLogger(__name__)
@@ -265,6 +266,8 @@ class Gateway:
             try:
                 decision = self.policy.decide(request)
                 ctx.route_counts = request_counts(request)  # computed once, shared
+                ctx.route_tokens = request_prompt_tokens(request)
+                ctx.route_position = position(body)
             except Exception as exc:  # a routing bug must not fail the request
                 log.exception("routing policy failed on request %s", ctx.request_id)
                 why = f"policy error ({type(exc).__name__}): full tier"
@@ -411,6 +414,7 @@ class Gateway:
             self.route_sessions.update(
                 ctx.tenant or "default", ctx.route_key, ctx.tier,
                 escalated=ctx.escalated is not None, failed=status >= 500,
+                anchor=_anchor(ctx),
             )  # fmt: skip
         m = self.metrics
         m.requests.labels(ctx.endpoint, tier, str(status)).inc()
@@ -426,9 +430,22 @@ class Gateway:
                 error = self.token_calibrator.observe(sizes, ctx.prompt_tokens)
                 if error is not None:
                     m.prompt_token_error.observe(error)
+            if ctx.route_tokens is not None and ctx.route_tokens[1]:  # sized from the session
+                used = ctx.route_tokens[0]
+                m.prompt_token_anchored_error.observe(
+                    abs(used - ctx.prompt_tokens) / ctx.prompt_tokens
+                )
         if ctx.completion_tokens:
             m.tokens.labels(tier, "completion").inc(ctx.completion_tokens)
         end_span(span, ctx, status, model)
+
+
+def _anchor(ctx: RequestContext) -> Anchor | None:
+    """The finished step as the tier counted it, for sizing the session's next step."""
+    if ctx.route_position is None or ctx.route_counts is None or not ctx.prompt_tokens:
+        return None
+    messages, last = ctx.route_position
+    return Anchor(messages, last, ctx.route_counts, ctx.prompt_tokens)
 
 
 def _is_openai_error(raw: bytes) -> bool:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from router.tokens import DEFAULT, Counts, TokenModel, counts
+from router.tokens import DEFAULT, Counts, TokenModel, anchored, counts
 from router.types import RouteRequest
 
 # Cheap substring tests first (C speed), and bounded patterns only after a hint matched: a
@@ -84,7 +84,8 @@ def analyse_request(request: RouteRequest) -> Step:
     """``analyse(request.body)``, once per request: a chain of policies shares it."""
     step = request.memo.get("step")
     if step is None:
-        step = analyse(request.body, request.tokens, request_counts(request))
+        tokens, _ = request_prompt_tokens(request)
+        step = analyse(request.body, request.tokens, request_counts(request), tokens)
         request.memo["step"] = step
     return step
 
@@ -98,10 +99,26 @@ def request_counts(request: RouteRequest) -> Counts:
     return sizes
 
 
+def request_prompt_tokens(request: RouteRequest) -> tuple[int, bool]:
+    """(the prompt tokens the tier will read, whether they were sized from the session's
+    last exact count), once per request: ``router.tokens.anchored``."""
+    found = request.memo.get("prompt_tokens")
+    if found is None:
+        anchor = request.session.anchor if request.session is not None else None
+        model = request.tokens or DEFAULT
+        found = anchored(model, request_counts(request), request.body, anchor)
+        request.memo["prompt_tokens"] = found
+    return found
+
+
 def analyse(
-    body: Mapping[str, Any], tokens: TokenModel | None = None, sizes: Counts | None = None
+    body: Mapping[str, Any],
+    tokens: TokenModel | None = None,
+    sizes: Counts | None = None,
+    prompt_tokens: int | None = None,
 ) -> Step:
-    """The step's features; ``tokens`` estimates its prompt tokens (``router.tokens``)."""
+    """The step's features; ``tokens`` estimates its prompt tokens (``router.tokens``)
+    unless the caller knows them better (``prompt_tokens``: ``request_prompt_tokens``)."""
     messages = body.get("messages")
     msgs = [m for m in messages if isinstance(m, Mapping)] if isinstance(messages, Sequence) else []
     last_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=-1)
@@ -116,11 +133,13 @@ def analyse(
     if len(user_text) > 2 * SCAN:
         user_text = user_text[:SCAN] + "\n" + user_text[-SCAN:]
     sizes = counts(body) if sizes is None else sizes
+    if prompt_tokens is None:
+        prompt_tokens = (tokens or DEFAULT).estimate_counts(sizes)
     fmt = body.get("response_format")
     choice = body.get("tool_choice")
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     return Step({
-        "prompt_tokens": float((tokens or DEFAULT).estimate_counts(sizes)),
+        "prompt_tokens": float(prompt_tokens),
         "messages": float(len(msgs)),
         "user_turns": float(sum(1 for m in msgs if m.get("role") == "user")),
         "tools_offered": float(len(body.get("tools") or ())),

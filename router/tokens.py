@@ -216,6 +216,95 @@ def counts(body: Mapping[str, Any]) -> Counts:
     )
 
 
+FINGERPRINT_CHARS = 256  # read at each end of a message's text to recognise it
+FINGERPRINT_CALLS = 16
+
+
+def fingerprint(message: object) -> int:
+    """A cheap identity for one message (role, text, tool calls): bounded work whatever its
+    size. In-process only (Python's string hash is seeded per process)."""
+    if not isinstance(message, Mapping):
+        return 0
+    texts: list[str] = []
+    _content(message.get("content"), texts)
+    text = "\x00".join(texts)
+    calls = message.get("tool_calls")
+    parts: list[object] = [message.get("role"), message.get("tool_call_id"), len(text)]
+    parts += (text[:FINGERPRINT_CHARS], text[-FINGERPRINT_CHARS:])
+    if isinstance(calls, list):
+        for call in calls[:FINGERPRINT_CALLS]:
+            fn = call.get("function") if isinstance(call, Mapping) else None
+            if isinstance(fn, Mapping):
+                args = fn.get("arguments")
+                args = args if isinstance(args, str) else str(_json_len(args))
+                parts += (fn.get("name"), args[:FINGERPRINT_CHARS], len(args))
+    return hash(tuple(parts))
+
+
+def position(body: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(how many messages, the last one's fingerprint): where a chat request ends, which
+    the session's next request must repeat to be sized from this one's exact count."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return None
+    return len(messages), fingerprint(messages[-1])
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """A session's last routed step as the tier counted it (``usage.prompt_tokens``).
+
+    An agent resends its whole conversation at every step, so the next step's prompt is
+    this one's plus what came since (the answer, tool results, a new user turn). Sized
+    from here, the estimate's error is confined to that difference instead of growing with
+    the conversation (``anchored``)."""
+
+    messages: int  # the step's messages
+    last: int  # ``fingerprint`` of its last message
+    counts: Counts  # what its estimate was made of
+    tokens: int  # what the tier counted
+
+
+def anchored(
+    model: TokenModel, sizes: Counts, body: Mapping[str, Any], anchor: Anchor | None
+) -> tuple[int, bool]:
+    """(the prompt tokens of ``body``, whether they were sized from ``anchor``).
+
+    The anchor applies when ``body`` only appends to the anchored step's conversation: at
+    least as many messages, the same message where that step's ended, and every additive
+    count (characters, tool-call JSON, messages, calls) grown by exactly what the appended
+    messages hold, with the same tools offered. Anything else — a client that compacted
+    or edited its history, changed its tools — is estimated afresh. The tokens are then
+    the anchored step's exact count plus ``model``'s estimate of the appended messages
+    alone (their digits and symbols counted in them, not in the whole)."""
+    estimate = model.estimate_counts(sizes)
+    if anchor is None or sizes.token_ids or anchor.tokens <= 0:
+        return estimate, False
+    messages = body.get("messages")
+    if not isinstance(messages, list) or len(messages) < anchor.messages:
+        return estimate, False
+    if fingerprint(messages[anchor.messages - 1]) != anchor.last:
+        return estimate, False
+    added = counts({"messages": messages[anchor.messages :]})
+    before = anchor.counts
+    grown = (
+        sizes.no_system == before.no_system
+        and sizes.tools == before.tools
+        and sizes.chars == before.chars + added.chars
+        and sizes.json_chars == before.json_chars + added.json_chars
+        and sizes.messages == before.messages + added.messages
+        and sizes.calls == before.calls + added.calls
+    )
+    if not grown:
+        return estimate, False
+    extra = (
+        model.per_message * added.messages + model.per_char * added.chars
+        + model.per_digit * added.digits + model.per_symbol * added.symbols
+        + model.per_json_char * added.json_chars + model.per_call * added.calls
+    )  # fmt: skip
+    return anchor.tokens + max(0, round(extra)), True
+
+
 def estimate_prompt_tokens(body: Mapping[str, Any], model: TokenModel | None = None) -> int:
     """The tokens the tier will read for this chat or completions body (``DEFAULT`` unless
     a model calibrated against the serving tier is given)."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from router.tokens import TokenModel
+from router.tokens import Anchor, TokenModel
 
 
 class Tier(StrEnum):
@@ -30,6 +30,7 @@ class SessionState:
     fast_failures: int = 0  # fast-tier steps that were escalated or failed upstream
     escalations: int = 0
     last_failure_step: int | None = None  # ``steps`` when the last fast-tier failure happened
+    anchor: Anchor | None = None  # the last routed step's exact prompt size (router.tokens)
 
 
 @dataclass(frozen=True, slots=True)

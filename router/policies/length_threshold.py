@@ -1,7 +1,8 @@
 """Baseline policy: long prompts go to the full tier, short ones to the fast tier.
 
 This is the comparison baseline every smarter policy must beat (see
-docs/router.md). It looks only at the estimated prompt length.
+docs/router.md). It looks only at the estimated prompt length (sized from the session's last exact count
+when it has one: ``router.tokens.anchored``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.policy import Policy, PolicyError, register
-from router.step_features import request_counts
-from router.tokens import DEFAULT
+from router.step_features import request_prompt_tokens
 from router.types import Decision, RouteRequest, Tier
 
 DEFAULT_THRESHOLD_TOKENS = 512
@@ -24,14 +24,14 @@ class LengthThreshold:
     name: str = "length_threshold"
 
     def decide(self, request: RouteRequest) -> Decision:
-        tokens = (request.tokens or DEFAULT).estimate_counts(request_counts(request))
+        tokens, anchored = request_prompt_tokens(request)
         if tokens >= self.threshold_tokens:
             tier, cmp = Tier.FULL, ">="
         else:
             tier, cmp = Tier.FAST, "<"
         return Decision(
             tier=tier,
-            reason=f"length_threshold: ~{tokens} prompt tokens {cmp} {self.threshold_tokens}",
+            reason=f"length_threshold: ~{tokens} prompt tokens{' (session-anchored)' if anchored else ''} {cmp} {self.threshold_tokens}",
             policy=self.name,
             features={"prompt_tokens_est": float(tokens)},
         )

@@ -1,8 +1,10 @@
 """bench.token_estimate's request builder and error summary (the run itself needs the stack:
 ``python -m bench.token_estimate``, figures in docs/benchmarks.md)."""
 
-from bench.token_estimate import agent_sessions, errors
-from router.tokens import counts
+import itertools
+
+from bench.token_estimate import agent_sessions, anchoring, errors, growing_sessions
+from router.tokens import DEFAULT, counts
 
 TOOLS = [[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]]
 
@@ -24,3 +26,30 @@ def test_agent_sessions_are_deterministic_and_varied():
 def test_errors_are_relative_and_ordered():
     e = errors([110, 90, 100, 300], [100, 100, 100, 100])
     assert e == {"median": 0.1, "p90": 0.1, "max": 2.0}
+
+
+def test_growing_sessions_resend_their_history_and_are_scored_per_step():
+    sessions = growing_sessions(6, 0, TOOLS)
+    assert sessions == growing_sessions(6, 0, TOOLS) and {odd for odd, _ in sessions} == {
+        True,
+        False,
+    }
+    for _, steps in sessions:
+        assert len(steps) >= 3
+        for before, after in itertools.pairwise(steps):
+            assert after["messages"][: len(before["messages"])] == before["messages"]
+    # a tier that counts odd text at twice the estimate: sized from the step before, only
+    # what each step added is misjudged
+    truth = [
+        round(DEFAULT.estimate(body) * (2 if odd else 1))
+        for odd, steps in sessions
+        for body in steps
+    ]
+    found = anchoring(sessions, truth)
+    assert found["plain_estimate"]["max"] == 0  # the tier counts what the estimate says
+    assert found["plain_anchored"]["max"] < 0.05  # the appended messages estimated alone
+    assert found["odd_estimate"]["median"] == 0.5
+    assert found["odd_anchored"]["median"] < found["odd_estimate"]["median"]
+    assert {"all_estimate", "all_anchored", "last_step_estimate", "last_step_anchored"} <= set(
+        found
+    )

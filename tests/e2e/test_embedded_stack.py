@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
+import random
 import re
 import signal
 import time
@@ -12,6 +14,8 @@ import time
 import httpx
 import openai
 import pytest
+
+from router.tokens import estimate_prompt_tokens
 
 pytestmark = pytest.mark.e2e
 
@@ -130,6 +134,50 @@ def test_route_features_count_prompt_tokens_as_the_tier_does(real_stack):
     text = httpx.get(real_stack.url + "/metrics").text
     seen = re.search(r"^gearshift_route_prompt_tokens_error_count ([0-9.]+)$", text, re.M)
     assert seen and float(seen.group(1)) >= len(requests)
+
+
+def test_a_session_step_is_sized_from_the_tiers_count_of_the_last(real_stack):
+    """Base64 from a tool reads as about twice the tokens the estimate gives it, and an
+    agent resends it at every step; sized from the tier's count of the step before, the
+    session's next step is counted within a few percent all the same."""
+    blob = base64.b64encode(random.Random(0).randbytes(3000)).decode()
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "read_file", "arguments": '{"path": "upload.bin"}'}}  # fmt: skip
+    messages = [
+        {"role": "system", "content": "You are a careful file assistant."},
+        {"role": "user", "content": "What is in upload.bin?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": blob},
+    ]
+    client = real_stack.client()
+    session = {"x-session-id": f"anchor-{time.monotonic_ns()}"}
+
+    def step(history: list[dict]) -> tuple[int, float, float]:
+        raw = client.chat.completions.with_raw_response.create(
+            model="auto", max_tokens=1, temperature=0, messages=history, extra_headers=session
+        )
+        counted = raw.parse().usage.prompt_tokens
+        r = httpx.get(f"{real_stack.url}/v1/steps/{raw.headers['x-gearshift-step-id']}", timeout=30)
+        used = r.json()["features"]["prompt_tokens"]
+        return (
+            counted,
+            abs(used - counted) / counted,
+            abs(estimate_prompt_tokens({"messages": history}) - counted) / counted,
+        )
+
+    counted, first_off, _ = step(messages)
+    assert first_off > 0.3, counted  # the estimate alone: far off on base64
+    messages += [
+        {"role": "assistant", "content": "It looks like random binary data, base64-encoded."},
+        {"role": "user", "content": "Could it be an image? Answer yes or no."},
+    ]
+    counted, off, plain_off = step(messages)
+    assert plain_off > 0.3 and off < 0.03, (counted, off, plain_off)
+    metrics = httpx.get(real_stack.url + "/metrics").text
+    seen = re.search(
+        r"^gearshift_route_prompt_tokens_anchored_error_count ([0-9.]+)$", metrics, re.M
+    )
+    assert seen and float(seen.group(1)) >= 1
 
 
 def test_stream_assembles_to_the_non_stream_answer(real_stack):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from gateway.route_state import RouteSessions, opening_key
+from router.tokens import Anchor, Counts, fingerprint
 from router.types import Tier
 
 
@@ -20,6 +21,19 @@ def test_history_counts_steps_failures_and_escalations():
     assert (state.steps, state.last_tier, state.escalations) == (4, Tier.FULL, 1)
     assert (state.fast_failures, state.last_failure_step) == (2, 2)
     assert table.get("other-tenant", "s") is None and table.get("t", None) is None
+
+
+def test_the_last_exact_count_is_kept_until_a_newer_one():
+    table = RouteSessions()
+    anchor = Anchor(2, fingerprint({"role": "user", "content": "hi"}), Counts(chars=2.0), 40)
+    table.update("t", "s", Tier.FAST, escalated=False, failed=False, anchor=anchor)
+    table.update("t", "s", Tier.FULL, escalated=False, failed=False)  # pinned: no count
+    state = table.get("t", "s")
+    assert state is not None and state.anchor == anchor
+    newer = Anchor(4, 7, Counts(chars=9.0), 60)
+    table.update("t", "s", Tier.FAST, escalated=False, failed=False, anchor=newer)
+    state = table.get("t", "s")
+    assert state is not None and state.anchor == newer
 
 
 def test_table_is_bounded_and_expires():

@@ -96,3 +96,37 @@ def test_a_failing_policy_sends_the_request_to_full_not_to_an_error(make_stack):
     assert r.status_code == 200
     assert r.headers["x-gearshift-tier"] == "full"
     assert r.headers["x-gearshift-route-reason"] == "policy error (RuntimeError): full tier"
+
+
+def test_a_session_step_is_sized_from_what_the_tier_counted_for_the_last(make_stack):
+    """The stand-in tiers count 7 prompt tokens whatever they are sent: a long opening
+    step goes to full by its estimate, and the session's next step is sized from those 7
+    (plus the estimate of what was added) rather than from the estimate of everything."""
+    stack = make_stack([FakeUpstream("full")], [FakeUpstream("fast")])  # length threshold 512
+    opening = [{"role": "user", "content": "word " * 600}]
+    first = httpx.post(
+        stack.url + "/v1/chat/completions",
+        json={"model": "auto", "messages": opening},
+        headers={"x-session-id": "long"},
+    )
+    assert first.headers["x-gearshift-tier"] == "full"
+    assert "(session-anchored)" not in first.headers["x-gearshift-route-reason"]
+    later = [*opening, first.json()["choices"][0]["message"], {"role": "user", "content": "more"}]
+    second = httpx.post(
+        stack.url + "/v1/chat/completions",
+        json={"model": "auto", "messages": later},
+        headers={"x-session-id": "long"},
+    )
+    reason = second.headers["x-gearshift-route-reason"]
+    assert second.headers["x-gearshift-tier"] == "fast", reason
+    assert reason.startswith("length_threshold: ~") and "(session-anchored) < 512" in reason
+    assert int(reason.split("~")[1].split()[0]) < 100  # 7 + the answer and "more"
+    # another session with the same history but no count of its own: the estimate
+    other = httpx.post(
+        stack.url + "/v1/chat/completions",
+        json={"model": "auto", "messages": later},
+        headers={"x-session-id": "other"},
+    )
+    assert other.headers["x-gearshift-tier"] == "full"
+    metrics = httpx.get(stack.url + "/metrics").text
+    assert "gearshift_route_prompt_tokens_anchored_error_count 1.0" in metrics

@@ -3,7 +3,9 @@ from __future__ import annotations
 import pytest
 
 from router import PolicyError, RouteRequest, Tier, available_policies, build_policy
-from router.tokens import counts, estimate_prompt_tokens
+from router.step_features import analyse_request, request_prompt_tokens
+from router.tokens import Anchor, counts, estimate_prompt_tokens, position
+from router.types import SessionState
 
 
 def chat(text: str, **extra) -> RouteRequest:
@@ -40,6 +42,30 @@ def test_length_threshold_splits_at_the_threshold():
     assert short.reason == f"length_threshold: ~{tokens} prompt tokens < {tokens + 1}"
     assert long.features == {"prompt_tokens_est": float(tokens)}
     assert short.propensity == 1.0 and short.policy == "length_threshold"
+
+
+def test_policies_size_a_session_step_from_its_last_exact_count():
+    """The length threshold and the classifier's features read the same anchored count."""
+    first = chat("word " * 100)
+    where = position(first.body)
+    assert where is not None
+    counted = 4 * estimate_prompt_tokens(first.body)  # the tier counted far more
+    state = SessionState(steps=1, anchor=Anchor(*where, counts(first.body), counted))
+    messages = [*first.body["messages"], {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "and?"}]  # fmt: skip
+    body = {"model": "auto", "messages": messages}
+    tokens = counted + estimate_prompt_tokens(body) - estimate_prompt_tokens(first.body)
+    request = RouteRequest("chat", body, "s", state)
+    decision = build_policy("length_threshold", {"threshold_tokens": tokens}).decide(request)
+    assert decision.tier is Tier.FULL  # the plain estimate is a quarter of the threshold
+    assert (
+        decision.reason
+        == f"length_threshold: ~{tokens} prompt tokens (session-anchored) >= {tokens}"
+    )
+    assert analyse_request(request).features["prompt_tokens"] == tokens
+    assert request_prompt_tokens(request) == (tokens, True)
+    alone = RouteRequest("chat", body, "s")  # no session history: the estimate
+    assert request_prompt_tokens(alone) == (estimate_prompt_tokens(body), False)
 
 
 def test_decisions_are_deterministic():

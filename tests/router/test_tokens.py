@@ -5,7 +5,18 @@ fit in docs/router.md, and the gateway's calibration against vLLM's /tokenize in
 tests/e2e/test_embedded_stack.py.
 """
 
-from router.tokens import DEFAULT, DIGIT_BUDGET, Counts, TokenModel, counts, estimate_prompt_tokens
+from router.tokens import (
+    DEFAULT,
+    DIGIT_BUDGET,
+    Anchor,
+    Counts,
+    TokenModel,
+    anchored,
+    counts,
+    estimate_prompt_tokens,
+    fingerprint,
+    position,
+)
 
 TOOL = {
     "type": "function",
@@ -122,3 +133,88 @@ def test_huge_tool_lists_are_sampled_not_ignored():
     many = DEFAULT.estimate(user("hi", tools=[TOOL] * 5_000))  # 64 serialized, scaled to 5,000
     per_tool = (few - DEFAULT.estimate(user("hi", tools=[TOOL]))) / 9
     assert abs((many - few) / per_tool - 4_990) < 5
+
+
+def _session() -> list[dict[str, object]]:
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "read_file", "arguments": '{"path": "data.bin"}'}}  # fmt: skip
+    return [
+        {"role": "system", "content": "You are a careful agent."},
+        {"role": "user", "content": "Summarise data.bin."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "QUJD" * 2000},  # base64: dense
+    ]
+
+
+def test_a_session_step_is_sized_from_the_last_exact_count():
+    """An agent resends its conversation: the next step is the last one's exact count plus
+    the estimate of what was added, so the estimate's error on old text stops compounding."""
+    first = {"messages": _session(), "tools": [TOOL]}
+    where = position(first)
+    assert where is not None
+    exact = 2 * DEFAULT.estimate(first)  # the tier reads the blob as many more tokens
+    anchor = Anchor(*where, counts(first), exact)
+    appended = [{"role": "assistant", "content": "It holds ABC, repeated."},
+                {"role": "user", "content": "Thanks. How long is it 2 decode?"}]  # fmt: skip
+    second = {"messages": [*_session(), *appended], "tools": [TOOL]}
+    # the appended messages as a conversation of their own, less the template's fixed part
+    alone = DEFAULT.estimate({"messages": appended}) - (DEFAULT.base + DEFAULT.no_system)
+    tokens, was_anchored = anchored(DEFAULT, counts(second), second, anchor)
+    assert was_anchored and abs(tokens - (exact + alone)) <= 1 and 10 < alone < 50
+    # retrying the anchored step itself gives its exact count back
+    assert anchored(DEFAULT, counts(first), first, anchor) == (exact, True)
+    # without an anchor it is the plain estimate, far off the count here
+    assert anchored(DEFAULT, counts(second), second, None) == (DEFAULT.estimate(second), False)
+
+
+def test_an_anchor_only_applies_to_the_conversation_it_counted():
+    first = {"messages": _session()}
+    where = position(first)
+    assert where is not None
+    anchor = Anchor(*where, counts(first), 5000)
+
+    def applies(body: dict[str, object]) -> bool:
+        return anchored(DEFAULT, counts(body), body, anchor)[1]
+
+    other = _session()
+    other[3] = {**other[3], "content": "a different result"}
+    assert not applies({"messages": [*other, {"role": "user", "content": "go on"}]})
+    assert not applies({"messages": _session()[:3]})  # compacted: fewer messages
+    shifted = _session()
+    del shifted[0]  # the history was cut at the front: the anchored message moved
+    assert not applies({"messages": [*shifted, {"role": "user", "content": "go on"}]})
+    assert not applies({"prompt": [1, 2, 3]})  # token ids are counted, not estimated
+    assert not applies({"messages": "junk"}) and not applies({})
+    # earlier text edited, the anchored message kept: what was counted is not a prefix
+    edited = _session()
+    edited[1] = {**edited[1], "content": "Summarise it."}
+    assert not applies({"messages": [*edited, {"role": "user", "content": "go on"}]})
+    # other tools offered: the system turn the tier counted changed
+    assert not applies(
+        {"messages": [*_session(), {"role": "user", "content": "go"}], "tools": [TOOL]}
+    )
+    assert applies({"messages": [*_session(), {"role": "user", "content": "go"}]})
+
+
+def test_fingerprints_tell_messages_apart_cheaply():
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hi"},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "!"}],
+        },
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "assistant", "content": None, "tool_calls": [{**call, "function": {"name": "g"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "hi"},
+        {"role": "tool", "tool_call_id": "c2", "content": "hi"},
+        {"role": "user", "content": "x" * 10_000 + "a"},
+        {"role": "user", "content": "x" * 10_000 + "b"},
+        {"role": "user", "content": "x" * 10_001},
+    ]
+    prints = [fingerprint(m) for m in messages]
+    assert len(set(prints)) == len(prints)
+    assert fingerprint({"role": "user", "content": "hi"}) == prints[0]
+    assert fingerprint("junk") == fingerprint(None) == 0
+    assert position({"messages": []}) is None and position({"prompt": "x"}) is None
