@@ -7,12 +7,14 @@ results, text spread evenly) of N messages and about T prompt tokens (4 characte
 token). For each shape the decision is timed ``repeats`` times, on one core (the process
 is pinned to one CPU), after a warm-up, in each of ``passes`` passes over all shapes; a
 shape's p99 is the median of its passes' p99s, so that a burst of load from a neighbour on
-a shared machine, which lands in one pass, does not become the figure: the gateway's default policy (session -> rules ->
-the shipped classifier, what a deployment runs) plus the session key the gateway derives
-from the opening messages, and the session's previous step's exact prompt count, from which
-this step's is sized (``router.tokens.anchored``). The length-threshold baseline is timed the same way as
-the reference. Last line: one JSON object with ``p99_ms`` (the worst shape's p99),
-``p50_ms`` and the ratio to the baseline.
+a shared machine, which lands in one pass, does not become the figure. What is timed is
+what the gateway does per routed request: find the session's history as it does (by hash
+chain, ``RouteSessions.keys``: a SHA-256 over the history up to the last answer), then
+decide with its default policy (session -> rules -> the shipped classifier), sizing the
+step from the previous step's exact prompt count (``router.tokens.anchored``). The
+length-threshold baseline is timed the same way, session lookup included. Last line: one
+JSON object with ``p99_ms`` (the worst shape's p99), ``p50_ms`` and the ratio to the
+baseline.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import time
 from typing import Any
 
 from gateway.config import Settings
-from gateway.route_state import opening_key
+from gateway.recording.chain import prefix_hash
+from gateway.route_state import CHAIN, RouteSessions, opening_key
 from router import RouteRequest, build_policy
 from router.tokens import DEFAULT, Anchor, counts, position
 from router.types import SessionState, Tier
@@ -70,13 +73,21 @@ def previous_step(body: dict[str, Any]) -> Anchor | None:
 
 
 def time_policy(policy: Any, body: dict[str, Any], repeats: int) -> list[float]:
+    sessions = RouteSessions()  # the session's history, found as the gateway finds it
     state = SessionState(steps=3, last_tier=Tier.FULL, anchor=previous_step(body))
+    prefix = prefix_hash(body["messages"])
+    sessions.put("t", CHAIN + prefix if prefix else str(opening_key(body)), state)
+
+    def decide() -> None:
+        keys = sessions.keys("t", None, body)
+        policy.decide(RouteRequest("chat", body, keys.key, sessions.get("t", keys.key)))
+
     for _ in range(20):  # warm-up
-        policy.decide(RouteRequest("chat", body, opening_key(body), state))
+        decide()
     times = []
     for _ in range(repeats):
         started = time.perf_counter_ns()
-        policy.decide(RouteRequest("chat", body, opening_key(body), state))
+        decide()
         times.append((time.perf_counter_ns() - started) / 1e6)
     return times
 

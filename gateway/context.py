@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
+from gateway.route_state import SessionKeys
 from router.tokens import Counts
 from router.types import Decision, Tier
 
@@ -18,7 +20,9 @@ class RequestContext:
     tenant: str | None = None
     api_key: str | None = None
     session_id: str | None = None
-    route_key: str | None = None  # the session as routing knows it (id, or its opening)
+    route_keys: SessionKeys | None = None  # the session as routing knows it (route_state)
+    route_messages: Any = None  # the request's messages, for an unnamed session's chain
+    answers: list[Any] | None = None  # the answers' messages: the chain's next links
     task_id: str | None = None
     group_id: str | None = None
     decision: Decision | None = None

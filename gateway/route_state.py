@@ -1,10 +1,17 @@
 """What routing remembers between steps: per-session history and the tiers' load.
 
-Sessions are keyed by tenant and the client's ``X-Session-Id`` (or ``user``); without
-either, by a hash of the session's opening (system prompt and first user message), which
-every step of an agent's loop resends unchanged. The table is bounded (least recently used
-sessions are forgotten first) and entries expire after ``ttl_s`` without a step, so a flood
-of one-off sessions costs bounded memory.
+Sessions are keyed by tenant and the client's ``X-Session-Id`` (or ``user``). Without
+either, by hash chain, as the recorder links steps (``gateway.recording.chain``): a step
+whose messages up to the last assistant message hash to an earlier step's messages plus
+the answer it got continues that step, and starts from the history as it stood after it.
+Every sample of a prompt continues on its own chain, so agents that share an opening (RL
+rollouts of one task, many users of one system prompt) do not share a routing history.
+A step that continues no known answer — a session's first, or one whose history the client
+compacted or edited — falls back to the hash of the session's opening (system prompt and
+first user message), where every unnamed session with that opening adds its steps.
+
+The table is bounded (least recently used entries are forgotten first) and entries expire
+after ``ttl_s`` without a step, so a flood of one-off sessions costs bounded memory.
 """
 
 from __future__ import annotations
@@ -12,11 +19,12 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.pool import TierPool
+from gateway.recording.chain import continuation_hash, prefix_hash
 from gateway.scrape import Scraper
 from router.tokens import Anchor
 from router.types import LoadSignals, SessionState, Tier
@@ -55,6 +63,39 @@ def opening_key(body: Mapping[str, Any]) -> str | None:
     return f"opening:{digest}"
 
 
+CHAIN = "chain:"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKeys:
+    """How a step's session is known: ``key`` is what routing reads (a named session, a
+    chain link or the opening); ``opening`` is also kept up to date for unnamed sessions,
+    as the fallback for steps that continue no known answer."""
+
+    key: str | None
+    opening: str | None = None
+    named: bool = False
+
+    @property
+    def chained(self) -> bool:
+        return self.key is not None and self.key.startswith(CHAIN)
+
+
+def continuation_keys(messages: Any, answers: Sequence[Any]) -> list[str]:
+    """The chain keys the next steps of an unnamed chat session will look up: one per
+    answer to ``messages`` (a request with ``n`` samples forks ``n`` ways)."""
+    keys = []
+    for answer in answers:
+        if isinstance(answer, dict):
+            try:
+                cont = continuation_hash(messages, answer)
+            except (TypeError, ValueError):  # content orjson cannot serialize: no chain
+                return []
+            if cont is not None:
+                keys.append(CHAIN + cont)
+    return keys
+
+
 class RouteSessions:
     def __init__(self, max_sessions: int = 100_000, ttl_s: float = 3600.0) -> None:
         self.max_sessions = max_sessions
@@ -76,6 +117,19 @@ class RouteSessions:
             return None
         return state
 
+    def keys(self, tenant: str, session_id: str | None, body: Mapping[str, Any]) -> SessionKeys:
+        """How the step in ``body`` is known (see the module's docstring)."""
+        if session_id:
+            return SessionKeys(session_id, named=True)
+        opening = opening_key(body)
+        try:
+            prefix = prefix_hash(body.get("messages"))
+        except (TypeError, ValueError):  # content orjson cannot serialize: no chain
+            prefix = None
+        if prefix is not None and self.get(tenant, CHAIN + prefix) is not None:
+            return SessionKeys(CHAIN + prefix, opening)
+        return SessionKeys(opening, opening)
+
     def update(
         self,
         tenant: str,
@@ -90,21 +144,54 @@ class RouteSessions:
         when the tier counted the prompt of a routed step, that count (``anchor``)."""
         if key is None:
             return
-        state = self.get(tenant, key) or SessionState()
-        fast_failed = escalated or (failed and tier is Tier.FAST)
-        state = replace(
-            state,
-            steps=state.steps + 1,
-            last_tier=tier,
-            escalations=state.escalations + int(escalated),
-            fast_failures=state.fast_failures + int(fast_failed),
-            last_failure_step=state.steps if fast_failed else state.last_failure_step,
-            anchor=anchor or state.anchor,
-        )
+        self.put(tenant, key, advance(self.get(tenant, key), tier, escalated, failed, anchor))
+
+    def finish(
+        self,
+        tenant: str,
+        keys: SessionKeys,
+        tier: Tier,
+        *,
+        escalated: bool,
+        failed: bool,
+        anchor: Anchor | None = None,
+        continuations: Sequence[str] = (),
+    ) -> None:
+        """Count a finished step where its session is known: a named session's history; for
+        an unnamed one, the opening's, and the chain's — the history this step continued (or
+        a new one), advanced by it, under each of its answers' continuation keys."""
+        if keys.named:
+            self.update(tenant, keys.key, tier, escalated=escalated, failed=failed, anchor=anchor)
+            return
+        self.update(tenant, keys.opening, tier, escalated=escalated, failed=failed, anchor=anchor)
+        if continuations:
+            before = self.get(tenant, keys.key) if keys.chained else None
+            after = advance(before, tier, escalated, failed, anchor)
+            for key in continuations:
+                self.put(tenant, key, after)
+
+    def put(self, tenant: str, key: str, state: SessionState) -> None:
         self._table[(tenant, key)] = (time.monotonic(), state)
         self._table.move_to_end((tenant, key))
         while len(self._table) > self.max_sessions:
             self._table.popitem(last=False)
+
+
+def advance(
+    state: SessionState | None, tier: Tier, escalated: bool, failed: bool, anchor: Anchor | None
+) -> SessionState:
+    """The history after one more step."""
+    state = state or SessionState()
+    fast_failed = escalated or (failed and tier is Tier.FAST)
+    return replace(
+        state,
+        steps=state.steps + 1,
+        last_tier=tier,
+        escalations=state.escalations + int(escalated),
+        fast_failures=state.fast_failures + int(fast_failed),
+        last_failure_step=state.steps if fast_failed else state.last_failure_step,
+        anchor=anchor or state.anchor,
+    )
 
 
 def load_signals(pools: Mapping[Tier, TierPool], scraper: Scraper) -> LoadSignals:

@@ -39,7 +39,7 @@ from gateway.protocol import (
 from gateway.recording.recorder import Recorder
 from gateway.recording.step import PendingStep
 from gateway.relay import StreamRelay, wait_disconnect
-from gateway.route_state import RouteSessions, load_signals, opening_key
+from gateway.route_state import RouteSessions, continuation_keys, load_signals
 from gateway.scrape import Scraper
 from gateway.telemetry import build_tracer_provider, end_span, start_span
 from gateway.token_calibration import TokenCalibrator
@@ -255,12 +255,13 @@ class Gateway:
         """Pick the tier; returns whether falling back to the other tier is allowed."""
         model = ctx.requested_model
         if model == "auto":
-            ctx.route_key = ctx.session_id or opening_key(body)
-            session = self.route_sessions.get(ctx.tenant or "default", ctx.route_key)
+            keys = self.route_sessions.keys(ctx.tenant or "default", ctx.session_id, body)
+            ctx.route_keys, ctx.route_messages = keys, body.get("messages")
+            session = self.route_sessions.get(ctx.tenant or "default", keys.key)
             load = load_signals(self.pools, self.scraper)
             started = time.perf_counter()
             request = RouteRequest(
-                ctx.endpoint, body, ctx.route_key, session, load,
+                ctx.endpoint, body, keys.key, session, load,
                 tokens=self.token_calibrator.model,
             )  # fmt: skip
             try:
@@ -279,7 +280,8 @@ class Gateway:
             ctx.decision, ctx.tier = decision, decision.tier
             self.metrics.routes.labels(decision.tier, decision.policy).inc()
             return True
-        ctx.route_key = ctx.session_id or opening_key(body)
+        ctx.route_keys = self.route_sessions.keys(ctx.tenant or "default", ctx.session_id, body)
+        ctx.route_messages = body.get("messages")
         tier = self.models.get(model)
         if tier is None:
             known = ", ".join(["auto", *sorted(self.models)])
@@ -367,6 +369,7 @@ class Gateway:
             ctx.prompt_tokens = usage.get("prompt_tokens")
             ctx.completion_tokens = usage.get("completion_tokens")
             ctx.finish_reasons = [c.get("finish_reason") or "" for c in data.get("choices") or ()]
+            ctx.answers = [c.get("message") for c in data.get("choices") or ()]
             model = data.get("model")
             return (model if isinstance(model, str) else None), data
         except (orjson.JSONDecodeError, AttributeError, TypeError):
@@ -396,6 +399,8 @@ class Gateway:
             if client_gone:
                 self.metrics.client_disconnects.labels(str(ctx.tier)).inc()
             status = CLIENT_CLOSED if client_gone else 200
+            if error is None and step is not None and step.stream is not None:
+                ctx.answers = [c.message for c in step.stream.choices()]  # recorded: chainable
             self._finish(ctx, span, status, True, None)
             if step is not None and self.recorder is not None:
                 await self.recorder.record(step.streamed(ctx, status))
@@ -410,11 +415,17 @@ class Gateway:
     ) -> None:
         now = time.perf_counter()
         tier = str(ctx.tier) if ctx.tier is not None else "none"
-        if ctx.tier is not None and status != CLIENT_CLOSED:
-            self.route_sessions.update(
-                ctx.tenant or "default", ctx.route_key, ctx.tier,
+        if ctx.tier is not None and status != CLIENT_CLOSED and ctx.route_keys is not None:
+            keys = ctx.route_keys
+            unnamed_answers = ctx.answers if status == 200 and not keys.named else None
+            self.route_sessions.finish(
+                ctx.tenant or "default", keys, ctx.tier,
                 escalated=ctx.escalated is not None, failed=status >= 500,
                 anchor=_anchor(ctx),
+                continuations=(
+                    continuation_keys(ctx.route_messages, unnamed_answers)
+                    if unnamed_answers else ()
+                ),
             )  # fmt: skip
         m = self.metrics
         m.requests.labels(ctx.endpoint, tier, str(status)).inc()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from gateway.route_state import RouteSessions, opening_key
+from gateway.route_state import RouteSessions, SessionKeys, continuation_keys, opening_key
 from router.tokens import Anchor, Counts, fingerprint
 from router.types import Tier
 
@@ -54,3 +54,67 @@ def test_opening_key_ignores_later_messages():
     parts = [{"role": "user", "content": [{"type": "text", "text": "t"}] * 10_000}]
     assert opening_key({"messages": parts}) is not None
     assert opening_key({"prompt": "x"}) is None and opening_key({"messages": ["junk"]}) is None
+
+
+OPENING = [{"role": "system", "content": "agent"}, {"role": "user", "content": "fix the bug"}]
+
+
+def _answer(text: str) -> dict[str, object]:
+    return {"role": "assistant", "content": text, "refusal": None}  # as the engine sends it
+
+
+def test_unnamed_sessions_follow_the_hash_chain_of_their_answers():
+    """Two rollouts of one task share their opening; each continues its own answer, so a
+    fast-tier failure in one does not send the other to full."""
+    table = RouteSessions()
+    first = table.keys("t", None, {"messages": OPENING})
+    assert first == SessionKeys(opening_key({"messages": OPENING}), first.opening)
+    assert not first.chained and not first.named
+    # two samples of the first step (n=2): two chains from one request
+    links = continuation_keys(OPENING, [_answer("plan A"), _answer("plan B")])
+    assert len(set(links)) == 2 and all(k.startswith("chain:") for k in links)
+    table.finish("t", first, Tier.FAST, escalated=False, failed=False, continuations=links)
+
+    def step(answer: str, *more: dict[str, object]) -> list[dict[str, object]]:
+        # the client resends the answer re-serialized: fields dropped, the rest kept
+        return [*OPENING, {"role": "assistant", "content": answer}, *more]
+
+    a = table.keys("t", None, {"messages": step("plan A", {"role": "user", "content": "go"})})
+    b = table.keys("t", None, {"messages": step("plan B", {"role": "user", "content": "go"})})
+    assert a.chained and b.chained and a.key != b.key and a.opening == b.opening == first.key
+    state = table.get("t", a.key)
+    assert state is not None and (state.steps, state.last_tier) == (1, Tier.FAST)
+    a_next = continuation_keys(step("plan A", {"role": "user", "content": "go"}), [_answer("x")])
+    table.finish("t", a, Tier.FULL, escalated=True, failed=False, continuations=a_next)
+    after_a = table.keys(
+        "t", None, {"messages": [*step("plan A", {"role": "user", "content": "go"}),
+                                 {"role": "assistant", "content": "x"}]}
+    )  # fmt: skip
+    state = table.get("t", after_a.key)
+    assert state is not None and (state.steps, state.fast_failures, state.escalations) == (2, 1, 1)
+    state = table.get("t", b.key)  # the other rollout: untouched
+    assert state is not None and state.fast_failures == 0
+    # the opening counts every unnamed step that shares it: the fallback for the unknown
+    state = table.get("t", first.key)
+    assert state is not None and (state.steps, state.fast_failures) == (2, 1)
+    unknown = table.keys("t", None, {"messages": step("a summary of the work so far")})
+    assert unknown.key == first.key and not unknown.chained
+
+
+def test_named_sessions_do_not_chain():
+    table = RouteSessions()
+    keys = table.keys("t", "ep-1", {"messages": OPENING})
+    assert keys == SessionKeys("ep-1", named=True)
+    table.finish("t", keys, Tier.FAST, escalated=False, failed=False, continuations=["chain:x"])
+    assert table.get("t", "chain:x") is None and len(table) == 1
+
+
+def test_unchainable_content_falls_back_to_the_opening():
+    table = RouteSessions()
+    odd = [*OPENING, {"role": "assistant", "content": "ok", "tool_calls": [{"function": {
+        "name": "f", "arguments": {"n": 2**70}}}]}]  # fmt: skip
+    assert table.keys("t", None, {"messages": odd}).key == opening_key({"messages": OPENING})
+    assert continuation_keys(odd, [_answer("x")]) == []
+    assert (
+        continuation_keys("junk", [_answer("x")]) == [] and continuation_keys(OPENING, [None]) == []
+    )

@@ -130,3 +130,33 @@ def test_a_session_step_is_sized_from_what_the_tier_counted_for_the_last(make_st
     assert other.headers["x-gearshift-tier"] == "full"
     metrics = httpx.get(stack.url + "/metrics").text
     assert "gearshift_route_prompt_tokens_anchored_error_count 1.0" in metrics
+
+
+def test_rollouts_that_share_an_opening_keep_their_own_history(make_stack):
+    """Two samples of one task, no session id: each continues its own answer (hash chain),
+    so the escalation in one sends only that one to full; the other stays on fast."""
+    fast = FakeUpstream("fast").then(
+        Behaviour(message={"role": "assistant", "content": "Plan A: read the file."}),
+        Behaviour(message={"role": "assistant", "content": "Plan B: run the tests."}),
+        bad_call(),  # rollout A's second step
+    )
+    stack = make_stack([FakeUpstream("full")], [fast], router=SESSION)
+    opening = [{"role": "system", "content": "You are an agent."},
+               {"role": "user", "content": "Fix the failing test."}]  # fmt: skip
+
+    def chat(messages: list[dict]) -> httpx.Response:
+        body = {"model": "auto", "messages": messages, "tools": WEATHER_TOOLS}
+        return httpx.post(stack.url + "/v1/chat/completions", json=body)
+
+    answers = [chat(opening).json()["choices"][0]["message"] for _ in range(2)]
+    assert [a["content"][:6] for a in answers] == ["Plan A", "Plan B"]
+    go = {"role": "user", "content": "go on"}
+    rollout_a, rollout_b = ([*opening, a, go] for a in answers)
+    escalated = chat(rollout_a)
+    assert "escalated to full" in escalated.headers["x-gearshift-route-reason"]
+    rollout_a += [escalated.json()["choices"][0]["message"], go]
+    after = chat(rollout_a)
+    assert after.headers["x-gearshift-tier"] == "full"  # A's own failure: cooldown
+    assert after.headers["x-gearshift-route-reason"].startswith("session: a fast-tier step failed")
+    other = chat(rollout_b)
+    assert other.headers["x-gearshift-tier"] == "fast", other.headers["x-gearshift-route-reason"]
