@@ -35,17 +35,19 @@ import random
 import statistics
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from tqdm import tqdm
 
+from bench import multilingual
 from bench.router_tasks import all_tasks
 from bench.tiers import embedded_stack, free_port
 from gateway.embedded import FULL_MODEL_NAME
 from gateway.token_calibration import Calibration, calibrate, fit_weights, replica_tokenizer
-from router.tokens import DEFAULT, Anchor, TokenModel, anchored, counts, position
+from router.tokens import DEFAULT, Anchor, Counts, TokenModel, anchored, counts, position
 
 
 def _message_chars(body: Mapping[str, Any]) -> int:
@@ -180,6 +182,39 @@ def anchoring(
     }
 
 
+WIDE = len(Counts().vector()) - 1  # the design row's wide-bytes column (the last)
+
+
+def ascii_only(row: list[float]) -> list[float]:
+    return [*row[:WIDE], 0.0]
+
+
+def wide_bytes(bodies: list[dict[str, Any]], truth: list[int]) -> dict[str, Any]:
+    """The weight of a wide byte, with every other weight ``DEFAULT``'s: least squares on
+    relative error of what those leave over, fitted on half of ``bodies`` and checked on
+    the other half, and fitted on all of them (what ``DEFAULT.per_wide_byte`` holds)."""
+
+    def fit(idx: list[int]) -> float:
+        num = den = 0.0
+        for i in idx:
+            c, w = counts(bodies[i]), 1.0 / truth[i]
+            left = truth[i] - without.estimate_counts(c)
+            num += w * w * c.wide * left
+            den += w * w * c.wide * c.wide
+        return max(0.0, num / den) if den else 0.0
+
+    without = replace(DEFAULT, per_wide_byte=0.0)
+    half = list(range(0, len(bodies), 2)), list(range(1, len(bodies), 2))
+    held = replace(DEFAULT, per_wide_byte=fit(half[0]))
+    rest = [truth[i] for i in half[1]]
+    return {
+        "without_wide_bytes": errors([without.estimate(b) for b in bodies], truth),
+        "default": errors([DEFAULT.estimate(b) for b in bodies], truth),
+        "fit_on_half_held_out": errors([held.estimate(bodies[i]) for i in half[1]], rest),
+        "per_wide_byte": round(fit(list(range(len(bodies)))), 4),
+    }
+
+
 def estimate_cost(bodies: list[dict[str, Any]]) -> dict[str, float]:
     """Microseconds ``DEFAULT.estimate`` takes per request, best of 5 (median, p99, worst)."""
     if hasattr(os, "sched_setaffinity"):  # one core, as the router runs per request
@@ -226,6 +261,9 @@ def main() -> None:
     parser.add_argument(
         "--growing", type=int, default=200, help="agent sessions measured step by step"
     )
+    parser.add_argument(
+        "--multilingual", type=int, default=300, help="requests in scripts beyond ASCII"
+    )
     args = parser.parse_args()
 
     tasks = all_tasks()
@@ -234,22 +272,30 @@ def main() -> None:
     bodies += agent_sessions(args.sessions, args.seed, tool_lists)
     sessions = growing_sessions(args.growing, args.seed, tool_lists)
     session_steps = [body for _, steps in sessions for body in steps]
+    foreign = multilingual.requests(args.multilingual, args.seed)
     print(
         f"{len(tasks)} evaluation requests and {args.sessions} agent sessions; "
-        f"{args.growing} more sessions step by step ({len(session_steps)} steps)",
+        f"{args.growing} more sessions step by step ({len(session_steps)} steps); "
+        f"{len(foreign)} requests in eleven languages",
         flush=True,
     )
 
     full_port = free_port()
     with embedded_stack(full_port=full_port):
         truth, calibration = asyncio.run(
-            count_all(f"http://127.0.0.1:{full_port}", FULL_MODEL_NAME, bodies + session_steps)
+            count_all(
+                f"http://127.0.0.1:{full_port}", FULL_MODEL_NAME, bodies + session_steps + foreign
+            )
         )
     truth, step_truth = truth[: len(bodies)], truth[len(bodies) :]
+    step_truth, foreign_truth = step_truth[: len(session_steps)], step_truth[len(session_steps) :]
+    scripts = wide_bytes(foreign, foreign_truth)
     in_sessions = anchoring(sessions, step_truth)
 
     cost = estimate_cost(bodies)
-    rows = [counts(b).vector() for b in bodies]
+    # the other weights come from these requests, nearly all ASCII; the weight of wide
+    # bytes from the multilingual ones (``wide_bytes``)
+    rows = [ascii_only(counts(b).vector()) for b in bodies]
     half = list(range(0, len(bodies), 2)), list(range(1, len(bodies), 2))
     refit = TokenModel.from_weights(
         fit_weights([rows[i] for i in half[0]], [truth[i] for i in half[0]]), "refit"
@@ -288,12 +334,18 @@ def main() -> None:
     )
     for name, e in in_sessions.items():
         print(f"{name:24s} {e['median']:8.3f} {e['p90']:8.3f} {e['max']:8.3f}")
+    print(f"\n{len(foreign)} requests in eleven languages (bench.multilingual):")
+    for name in ("without_wide_bytes", "default", "fit_on_half_held_out"):
+        e = scripts[name]
+        print(f"{name:24s} {e['median']:8.3f} {e['p90']:8.3f} {e['max']:8.3f}")
+    print(f"weight of a wide byte fitted on all of them: {scripts['per_wide_byte']} "
+          f"(router.tokens.DEFAULT.per_wide_byte: {DEFAULT.per_wide_byte})")  # fmt: skip
     print(f"DEFAULT.estimate per request, one core: median {cost['median_us']} µs, "
           f"p99 {cost['p99_us']} µs, worst {cost['max_us']} µs")  # fmt: skip
     ratio = results["chars_div_4"]["median"] / max(results["default"]["median"], 1e-9)
     print(json.dumps({"requests": len(bodies), **results, "estimate_cost": cost,
                       "fitted_weights": weights,
-                      "session_steps": in_sessions,
+                      "session_steps": in_sessions, "multilingual": scripts,
                       "startup_uses_fit": calibration.uses_fit,
                       "startup_default_family": calibration.default_family,
                       "ratio_median_error_chars_div_4_vs_default": round(ratio, 1)}))  # fmt: skip

@@ -186,20 +186,28 @@ class Calibration:
         return self.model is self.fitted
 
 
-def fit_weights(rows: Sequence[Sequence[float]], truth: Sequence[int]) -> list[float]:
+def fit_weights(
+    rows: Sequence[Sequence[float]], truth: Sequence[int], keep: Sequence[float] | None = None
+) -> list[float]:
     """Least squares on relative error (a short prompt counts as much as a long one), with
     every weight but the constant kept at or above zero: a count the tier's template does
-    not render (a template that ignores tools) gets 0, not a small negative weight."""
+    not render (a template that ignores tools) gets 0, not a small negative weight. A count
+    that is zero in every row says nothing about its weight: it keeps ``keep``'s (traffic
+    in one script says nothing of the others), or 0."""
     x = np.array(rows, dtype=float)
     y = np.array(truth, dtype=float)
     w = 1.0 / np.maximum(y, 1.0)
-    free = list(range(x.shape[1]))
+    unseen = [i for i in range(1, x.shape[1]) if not x[:, i].any()]
+    free = [i for i in range(x.shape[1]) if i not in unseen]
     while True:
         fitted, *_ = np.linalg.lstsq(x[:, free] * w[:, None], y * w, rcond=None)
         weights = np.zeros(x.shape[1])
         weights[free] = fitted
         negative = [i for i in free[1:] if weights[i] < 0]
         if not negative:
+            if keep is not None:
+                for i in unseen:
+                    weights[i] = keep[i]
             return [float(v) for v in weights]
         free.remove(min(negative, key=lambda i: weights[i]))  # the most negative goes first
 
@@ -271,14 +279,19 @@ def refit_from_traffic(
     cut = int(len(samples) * 0.8)
     rows = [c.vector() for c, _ in samples]
     truth = [t for _, t in samples]
-    trial = TokenModel.from_weights(fit_weights(rows[:cut], truth[:cut]), "trial")
+    keep = current.weights()
+    trial = TokenModel.from_weights(fit_weights(rows[:cut], truth[:cut], keep), "trial")
     newest = samples[cut:]
     trial_error = statistics.median(abs(trial.estimate_counts(c) - t) / t for c, t in newest)
     current_error = statistics.median(abs(current.estimate_counts(c) - t) / t for c, t in newest)
     if trial_error >= margin * current_error:
         return None
     source = f"{len(samples)} requests served by the full tier"
-    return TokenModel.from_weights(fit_weights(rows, truth), source), trial_error, current_error
+    return (
+        TokenModel.from_weights(fit_weights(rows, truth, keep), source),
+        trial_error,
+        current_error,
+    )
 
 
 class TokenCalibrator:

@@ -22,6 +22,7 @@ from gateway.token_calibration import (
     NoTokenizer,
     TokenCalibrator,
     calibrate,
+    fit_weights,
     refit_from_traffic,
 )
 from router import Tier
@@ -181,3 +182,16 @@ def test_without_calibration_nothing_is_learnt():
     # outside an event loop too: measured, no refit task started
     assert calibrator.observe(sizes, 2 * exact) == pytest.approx(0.5, abs=0.01)
     assert calibrator.model is DEFAULT and calibrator._refitting is None
+
+
+def test_a_refit_on_traffic_in_one_script_keeps_what_it_cannot_see():
+    """English-only traffic says nothing about the weight of wide bytes: a refit keeps the
+    current one rather than dropping it to zero."""
+    english = [(c, t) for c, t in served(OTHER_FAMILY, 300) if c.wide == 0]
+    assert len(english) > 250
+    found = refit_from_traffic(english, DEFAULT)
+    assert found is not None
+    model = found[0]
+    assert DEFAULT.per_wide_byte > 0 and model.per_wide_byte == DEFAULT.per_wide_byte
+    assert model.per_char == pytest.approx(OTHER_FAMILY.per_char, rel=0.05)  # the rest learnt
+    assert fit_weights([[1.0, 2.0, 0.0], [1.0, 3.0, 0.0]], [5, 7])[2] == 0.0  # nothing to keep

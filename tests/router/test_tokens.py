@@ -218,3 +218,23 @@ def test_fingerprints_tell_messages_apart_cheaply():
     assert fingerprint({"role": "user", "content": "hi"}) == prints[0]
     assert fingerprint("junk") == fingerprint(None) == 0
     assert position({"messages": []}) is None and position({"prompt": "x"}) is None
+
+
+def test_scripts_beyond_ascii_count_their_extra_bytes():
+    """A tokenizer trained mostly on English reads Han, Kana, Cyrillic or emoji as several
+    tokens a character; characters / a constant saw a tenth of that (bench.token_estimate:
+    56% median error on eleven languages, 13.5% counting UTF-8 bytes beyond one a char)."""
+    english = counts(user("The server restarts every night at two."))
+    assert english.wide == 0
+    chinese = counts(user("服务器每晚两点自动重启。"))  # 12 characters, 3 bytes each
+    assert chinese.wide == 24 and chinese.chars == 12
+    russian = counts(user("Сервер перезапускается каждую ночь."))
+    assert russian.wide == sum(len(c.encode()) - 1 for c in "Сервер перезапускается каждую ночь.")
+    assert counts(user("ok 🎉")).wide == 3
+    # the estimate of the Chinese sentence now exceeds that of an English one three times longer
+    assert estimate_prompt_tokens(user("服务器每晚两点自动重启。")) > estimate_prompt_tokens(
+        user("The server restarts every night at two.")
+    )
+    # sampled like digits: the density of the latest text, scaled to the rest
+    long = counts(user("汉" * 20_000))
+    assert long.wide == 40_000 and long.chars == 20_000
