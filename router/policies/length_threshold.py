@@ -1,8 +1,8 @@
 """Baseline policy: long prompts go to the full tier, short ones to the fast tier.
 
 This is the comparison baseline every smarter policy must beat (see
-docs/router.md). It looks only at the estimated prompt length (sized from the session's last exact count
-when it has one: ``router.tokens.anchored``).
+docs/router.md). It looks only at the estimated prompt length (sized from the session's
+last exact count when it has one: ``router.tokens.anchored``).
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ class LengthThreshold:
             tier, cmp = Tier.FULL, ">="
         else:
             tier, cmp = Tier.FAST, "<"
+        sized = " (session-anchored)" if anchored else ""
         return Decision(
             tier=tier,
-            reason=f"length_threshold: ~{tokens} prompt tokens{' (session-anchored)' if anchored else ''} {cmp} {self.threshold_tokens}",
+            reason=f"length_threshold: ~{tokens} prompt tokens{sized} {cmp} {self.threshold_tokens}",
             policy=self.name,
             features={"prompt_tokens_est": float(tokens)},
         )
