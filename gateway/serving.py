@@ -36,6 +36,7 @@ from gateway.protocol import (
     describe,
     note_unknown_fields,
 )
+from gateway.recording.capture import StreamCapture, Wants
 from gateway.recording.recorder import Recorder
 from gateway.recording.step import PendingStep
 from gateway.relay import StreamRelay, wait_disconnect
@@ -393,19 +394,25 @@ class Gateway:
             (b"cache-control", b"no-cache"),
         ]
 
+        capture = step.stream if step is not None else None
+        keys = ctx.route_keys
+        if capture is None and ctx.endpoint == "chat" and keys is not None and not keys.named:
+            # not recorded, but an unnamed session's next step finds its history by the
+            # answer: assemble it (the events pass through unchanged)
+            capture = StreamCapture(ctx.endpoint, Wants(logprobs=True, token_ids=True))
+
         async def finish(ctx: RequestContext, error: str | None, client_gone: bool) -> None:
             if error is not None:
                 self.metrics.stream_errors.labels(str(ctx.tier), error).inc()
             if client_gone:
                 self.metrics.client_disconnects.labels(str(ctx.tier)).inc()
             status = CLIENT_CLOSED if client_gone else 200
-            if error is None and step is not None and step.stream is not None:
-                ctx.answers = [c.message for c in step.stream.choices()]  # recorded: chainable
+            if error is None and capture is not None:
+                ctx.answers = [c.message for c in capture.choices()]  # the chain's next links
             self._finish(ctx, span, status, True, None)
             if step is not None and self.recorder is not None:
                 await self.recorder.record(step.streamed(ctx, status))
 
-        capture = step.stream if step is not None else None
         return StreamRelay(
             ctx, result, headers, self.settings.timeouts, strip_usage, finish, capture
         )

@@ -5,6 +5,7 @@ classifier's score and threshold are recorded with every step."""
 from __future__ import annotations
 
 import httpx
+import orjson
 
 from tests.support.fake_upstream import Behaviour, FakeUpstream
 from tests.support.tools import WEATHER_TOOLS
@@ -158,5 +159,34 @@ def test_rollouts_that_share_an_opening_keep_their_own_history(make_stack):
     after = chat(rollout_a)
     assert after.headers["x-gearshift-tier"] == "full"  # A's own failure: cooldown
     assert after.headers["x-gearshift-route-reason"].startswith("session: a fast-tier step failed")
+    other = chat(rollout_b)
+    assert other.headers["x-gearshift-tier"] == "fast", other.headers["x-gearshift-route-reason"]
+
+
+def test_streamed_answers_chain_with_recording_off(make_stack):
+    """The gateway assembles a streamed answer itself when no recorder does, so an unnamed
+    session's next step still finds its own history."""
+    fast = FakeUpstream("fast").then(Behaviour(events=3), Behaviour(events=4), bad_call())
+    stack = make_stack([FakeUpstream("full")], [fast], router=SESSION, store={"enabled": False})
+    opening = [{"role": "user", "content": "Fix the failing test."}]
+
+    def streamed(messages: list[dict]) -> str:
+        body = {"model": "auto", "messages": messages, "stream": True}
+        with httpx.stream("POST", stack.url + "/v1/chat/completions", json=body) as r:
+            events = [line[6:] for line in r.iter_lines() if line.startswith("data: {")]
+        return "".join(
+            (orjson.loads(e)["choices"] or [{}])[0].get("delta", {}).get("content") or ""
+            for e in events
+        )
+
+    def chat(messages: list[dict]) -> httpx.Response:
+        body = {"model": "auto", "messages": messages, "tools": WEATHER_TOOLS}
+        return httpx.post(stack.url + "/v1/chat/completions", json=body)
+
+    answers = [streamed(opening), streamed(opening)]
+    assert answers == ["tok0 tok1 tok2 ", "tok0 tok1 tok2 tok3 "]
+    go = {"role": "user", "content": "go on"}
+    rollout_a, rollout_b = ([*opening, {"role": "assistant", "content": a}, go] for a in answers)
+    assert "escalated to full" in chat(rollout_a).headers["x-gearshift-route-reason"]
     other = chat(rollout_b)
     assert other.headers["x-gearshift-tier"] == "fast", other.headers["x-gearshift-route-reason"]
