@@ -1,6 +1,6 @@
 """How closely the router's prompt-token estimate counts what the tier reads.
 
-    python -m bench.token_estimate [--sessions 300] [--seed 0]
+    python -m bench.token_estimate [--sessions 300] [--growing 200] [--multilingual 300] [--seed 0]
 
 Requests: the router's evaluation tasks (``bench.router_tasks``: BFCL with its tools,
 HumanEval, reasoning-gym, MT-Bench, trivia) and synthetic agent sessions (the standard
@@ -16,7 +16,17 @@ error per request:
   probe conversations), on these requests it never saw; the gateway routes with it only
   when it counts its probes better than ``default`` does;
 * ``refit``: least squares on half of the requests, checked on the other half — where
-  ``DEFAULT``'s weights come from (they are printed, fitted on all of them).
+  ``DEFAULT``'s weights come from (they are printed, fitted on all of them; all but the
+  weight of wide bytes, which these nearly all-ASCII requests cannot fit).
+
+Two more sets, counted by the same ``/tokenize``:
+
+* ``multilingual``: requests in eleven languages (``bench.multilingual``), where the weight
+  of UTF-8 bytes beyond one a character (``DEFAULT.per_wide_byte``) is fitted with every
+  other weight fixed (``wide_bytes``), against the estimate by characters alone;
+* ``session_steps``: agent sessions replayed step by step (``growing_sessions``), every
+  step after the first estimated alone and sized from the step before's exact count
+  (``router.tokens.anchored``, what the gateway does within a session).
 
 It also times ``DEFAULT.estimate`` on each request (one core, best of 5), the cost the
 estimate adds to a routing decision. Last line: one JSON object with the median and
