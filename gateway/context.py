@@ -21,8 +21,7 @@ class RequestContext:
     api_key: str | None = None
     session_id: str | None = None
     route_keys: SessionKeys | None = None  # the session as routing knows it (route_state)
-    route_messages: Any = None  # the request's messages, for an unnamed session's chain
-    answers: list[Any] | None = None  # the answers' messages: the chain's next links
+    answers: list[Any] | None = None  # an unnamed session's answers: the chain's next links
     task_id: str | None = None
     group_id: str | None = None
     decision: Decision | None = None

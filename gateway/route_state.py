@@ -20,11 +20,11 @@ import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.pool import TierPool
-from gateway.recording.chain import continuation_hash, prefix_hash
+from gateway.recording.chain import History
 from gateway.scrape import Scraper
 from router.tokens import Anchor
 from router.types import LoadSignals, SessionState, Tier
@@ -75,20 +75,24 @@ class SessionKeys:
     key: str | None
     opening: str | None = None
     named: bool = False
+    # an unnamed chat step's messages, reduced once for the chain (its answers' links)
+    history: History | None = field(default=None, compare=False)
 
     @property
     def chained(self) -> bool:
         return self.key is not None and self.key.startswith(CHAIN)
 
 
-def continuation_keys(messages: Any, answers: Sequence[Any]) -> list[str]:
+def continuation_keys(history: History | None, answers: Sequence[Any]) -> list[str]:
     """The chain keys the next steps of an unnamed chat session will look up: one per
-    answer to ``messages`` (a request with ``n`` samples forks ``n`` ways)."""
+    answer to ``history`` (a request with ``n`` samples forks ``n`` ways)."""
+    if history is None:
+        return []
     keys = []
     for answer in answers:
         if isinstance(answer, dict):
             try:
-                cont = continuation_hash(messages, answer)
+                cont = history.continuation(answer)
             except (TypeError, ValueError):  # content orjson cannot serialize: no chain
                 return []
             if cont is not None:
@@ -122,13 +126,18 @@ class RouteSessions:
         if session_id:
             return SessionKeys(session_id, named=True)
         opening = opening_key(body)
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return SessionKeys(opening, opening)
+        history: History | None
         try:
-            prefix = prefix_hash(body.get("messages"))
+            reduced = History(messages)
+            history, prefix = reduced, reduced.prefix()
         except (TypeError, ValueError):  # content orjson cannot serialize: no chain
-            prefix = None
+            history, prefix = None, None
         if prefix is not None and self.get(tenant, CHAIN + prefix) is not None:
-            return SessionKeys(CHAIN + prefix, opening)
-        return SessionKeys(opening, opening)
+            return SessionKeys(CHAIN + prefix, opening, history=history)
+        return SessionKeys(opening, opening, history=history)
 
     def update(
         self,

@@ -257,7 +257,7 @@ class Gateway:
         model = ctx.requested_model
         if model == "auto":
             keys = self.route_sessions.keys(ctx.tenant or "default", ctx.session_id, body)
-            ctx.route_keys, ctx.route_messages = keys, body.get("messages")
+            ctx.route_keys = keys
             session = self.route_sessions.get(ctx.tenant or "default", keys.key)
             load = load_signals(self.pools, self.scraper)
             started = time.perf_counter()
@@ -282,7 +282,6 @@ class Gateway:
             self.metrics.routes.labels(decision.tier, decision.policy).inc()
             return True
         ctx.route_keys = self.route_sessions.keys(ctx.tenant or "default", ctx.session_id, body)
-        ctx.route_messages = body.get("messages")
         tier = self.models.get(model)
         if tier is None:
             known = ", ".join(["auto", *sorted(self.models)])
@@ -370,7 +369,8 @@ class Gateway:
             ctx.prompt_tokens = usage.get("prompt_tokens")
             ctx.completion_tokens = usage.get("completion_tokens")
             ctx.finish_reasons = [c.get("finish_reason") or "" for c in data.get("choices") or ()]
-            ctx.answers = [c.get("message") for c in data.get("choices") or ()]
+            if ctx.route_keys is not None and ctx.route_keys.history is not None:
+                ctx.answers = [c.get("message") for c in data.get("choices") or ()]
             model = data.get("model")
             return (model if isinstance(model, str) else None), data
         except (orjson.JSONDecodeError, AttributeError, TypeError):
@@ -396,7 +396,7 @@ class Gateway:
 
         capture = step.stream if step is not None else None
         keys = ctx.route_keys
-        if capture is None and ctx.endpoint == "chat" and keys is not None and not keys.named:
+        if capture is None and keys is not None and keys.history is not None:
             # not recorded, but an unnamed session's next step finds its history by the
             # answer: assemble it (the events pass through unchanged)
             capture = StreamCapture(ctx.endpoint, Wants(logprobs=True, token_ids=True))
@@ -424,15 +424,12 @@ class Gateway:
         tier = str(ctx.tier) if ctx.tier is not None else "none"
         if ctx.tier is not None and status != CLIENT_CLOSED and ctx.route_keys is not None:
             keys = ctx.route_keys
-            unnamed_answers = ctx.answers if status == 200 and not keys.named else None
+            answers = ctx.answers if status == 200 else None
             self.route_sessions.finish(
                 ctx.tenant or "default", keys, ctx.tier,
                 escalated=ctx.escalated is not None, failed=status >= 500,
                 anchor=_anchor(ctx),
-                continuations=(
-                    continuation_keys(ctx.route_messages, unnamed_answers)
-                    if unnamed_answers else ()
-                ),
+                continuations=continuation_keys(keys.history, answers) if answers else (),
             )  # fmt: skip
         m = self.metrics
         m.requests.labels(ctx.endpoint, tier, str(status)).inc()

@@ -51,23 +51,44 @@ def _canonical(message: Any) -> list[Any]:
     return [message.get("role"), _text(message.get("content")), calls, message.get("tool_call_id")]
 
 
+def _digest(canonical: list[list[Any]]) -> str:
+    return hashlib.sha256(orjson.dumps(canonical)).hexdigest()
+
+
 def history_hash(messages: list[Any]) -> str:
-    payload = orjson.dumps([_canonical(m) for m in messages])
-    return hashlib.sha256(payload).hexdigest()
+    return _digest([_canonical(m) for m in messages])
+
+
+class History:
+    """A request's messages reduced once, for its prefix hash and the continuation hash of
+    each of its answers (a request with ``n`` samples has ``n``)."""
+
+    __slots__ = ("_canonical", "_last_assistant")
+
+    def __init__(self, messages: list[Any]) -> None:
+        self._canonical = [_canonical(m) for m in messages]
+        self._last_assistant = max(
+            (i for i, c in enumerate(self._canonical) if c[0] == "assistant"), default=None
+        )
+
+    def prefix(self) -> str | None:
+        """Hash of the history up to the last assistant message; None when there is none."""
+        last = self._last_assistant
+        return None if last is None else _digest(self._canonical[: last + 1])
+
+    def continuation(self, answer: dict[str, Any] | None) -> str | None:
+        """Hash of the history followed by ``answer``: the next step's prefix hash."""
+        if answer is None:
+            return None
+        return _digest([*self._canonical, _canonical({"role": "assistant", **answer})])
 
 
 def prefix_hash(messages: Any) -> str | None:
     """Hash of the history up to the last assistant message; None when there is none."""
-    if not isinstance(messages, list):
-        return None
-    last = max(
-        (i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"),
-        default=None,
-    )
-    return None if last is None else history_hash(messages[: last + 1])
+    return History(messages).prefix() if isinstance(messages, list) else None
 
 
 def continuation_hash(messages: Any, answer: dict[str, Any] | None) -> str | None:
-    if not isinstance(messages, list) or answer is None:
+    if not isinstance(messages, list):
         return None
-    return history_hash([*messages, {"role": "assistant", **answer}])
+    return History(messages).continuation(answer)

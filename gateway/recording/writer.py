@@ -125,14 +125,15 @@ class StepWriter:
         sha = hashlib.sha256(body).hexdigest()
         self._pending.blobs[sha] = {"sha256": sha, "body": body}
         messages = rec.request.get("messages") if rec.endpoint == "chat" else None
-        prefix = chain.prefix_hash(messages)
+        history = chain.History(messages) if isinstance(messages, list) else None
+        prefix = history.prefix() if history is not None else None
         sid, rewritten = self._session(conn, rec, prefix)
         seq = self._next_seq(conn, sid)
         created = now_utc(rec.created_at)
         schemas = tool_schemas(rec.request.get("tools"))
         step_rows, reward_rows, call_rows = [], [], []
         for step_id, choice in zip(rec.step_ids, rec.choices or [ChoiceCapture(0)], strict=False):
-            cont = chain.continuation_hash(messages, choice.message)
+            cont = history.continuation(choice.message) if history is not None else None
             if cont is not None:
                 self._chains.put(f"{rec.tenant}\x00{cont}", sid)
             step_rows.append(self._step_row(rec, step_id, choice, sid, seq, sha, created))

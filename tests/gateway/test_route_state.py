@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from gateway.recording.chain import History
 from gateway.route_state import RouteSessions, SessionKeys, continuation_keys, opening_key
 from router.tokens import Anchor, Counts, fingerprint
 from router.types import Tier
@@ -69,9 +70,9 @@ def test_unnamed_sessions_follow_the_hash_chain_of_their_answers():
     table = RouteSessions()
     first = table.keys("t", None, {"messages": OPENING})
     assert first == SessionKeys(opening_key({"messages": OPENING}), first.opening)
-    assert not first.chained and not first.named
+    assert not first.chained and not first.named and first.history is not None
     # two samples of the first step (n=2): two chains from one request
-    links = continuation_keys(OPENING, [_answer("plan A"), _answer("plan B")])
+    links = continuation_keys(first.history, [_answer("plan A"), _answer("plan B")])
     assert len(set(links)) == 2 and all(k.startswith("chain:") for k in links)
     table.finish("t", first, Tier.FAST, escalated=False, failed=False, continuations=links)
 
@@ -84,7 +85,7 @@ def test_unnamed_sessions_follow_the_hash_chain_of_their_answers():
     assert a.chained and b.chained and a.key != b.key and a.opening == b.opening == first.key
     state = table.get("t", a.key)
     assert state is not None and (state.steps, state.last_tier) == (1, Tier.FAST)
-    a_next = continuation_keys(step("plan A", {"role": "user", "content": "go"}), [_answer("x")])
+    a_next = continuation_keys(a.history, [_answer("x")])
     table.finish("t", a, Tier.FULL, escalated=True, failed=False, continuations=a_next)
     after_a = table.keys(
         "t", None, {"messages": [*step("plan A", {"role": "user", "content": "go"}),
@@ -113,8 +114,9 @@ def test_unchainable_content_falls_back_to_the_opening():
     table = RouteSessions()
     odd = [*OPENING, {"role": "assistant", "content": "ok", "tool_calls": [{"function": {
         "name": "f", "arguments": {"n": 2**70}}}]}]  # fmt: skip
-    assert table.keys("t", None, {"messages": odd}).key == opening_key({"messages": OPENING})
-    assert continuation_keys(odd, [_answer("x")]) == []
-    assert (
-        continuation_keys("junk", [_answer("x")]) == [] and continuation_keys(OPENING, [None]) == []
-    )
+    keys = table.keys("t", None, {"messages": odd})
+    assert keys.key == opening_key({"messages": OPENING}) and keys.history is None
+    assert continuation_keys(keys.history, [_answer("x")]) == []
+    assert table.keys("t", None, {"messages": "junk"}).history is None
+    history = History(OPENING)
+    assert continuation_keys(history, [odd[-1]]) == [] and continuation_keys(history, [None]) == []
