@@ -24,7 +24,9 @@
 4. ``--check FILE`` (repeatable): both seed-0 models on other outcomes, such as answers
    sampled at another temperature for a subset of the tasks (``bench.router_outcomes
    --samples 4 --temperature 0.3 --scale 0.25``), on the held-out tasks they cover: which
-   model routes requests at that temperature better.
+   model routes requests at that temperature better. For a file collected like a shipped
+   regime (same samples and temperature: a second collection), also how well that regime's
+   labels repeat (``repeat``: share labelled alike, AUC of the shipped labels as a router).
 
 ``--write-model`` / ``--write-sampled-model`` save the models trained on the seed-0
 training split (the ones whose held-out figures are printed): the files the repo ships,
@@ -146,8 +148,10 @@ class Regime:
     models: list[Classifier] = field(default_factory=list)
     specs: list[dict[str, Any]] = field(default_factory=list)
     tests: list[list[Example]] = field(default_factory=list)
+    source: Path | None = None  # the outcomes file, once run
 
     def run(self, args: argparse.Namespace, source: Path) -> None:
+        self.source = source
         for seed in range(REPEATS + 1):
             train, test = split(self.examples, 0.3, seed)
             meta = {"split_seed": seed, "outcomes": _shown(source), "regime": self.name}
@@ -234,11 +238,41 @@ def tier_sums(covered: list[Example], base: list[Example]) -> dict[str, dict[str
     return {k: {f: round(v, 2) for f, v in row.items()} for k, row in sorted(sums.items())}
 
 
+def repeatability(covered: list[Example], base: list[Example], margin: float) -> dict[str, Any]:
+    """How well the labels of ``base`` (the shipped outcomes) repeat in ``covered`` (the same
+    tasks collected again in the same regime: another run, day or machine): the share of
+    tasks labelled alike, and the AUC against the new labels of a router that scored every
+    task by its label in ``base``: what the labels' noise alone costs a router that learned
+    them perfectly."""
+    before = {e.id: e.label(margin) for e in base}
+    first = [before[e.id] for e in covered]
+    again = [e.label(margin) for e in covered]
+    alike = sum(a == b for a, b in zip(first, again, strict=True))
+    out: dict[str, Any] = {
+        "tasks": len(covered),
+        "label_agreement": round(alike / max(len(covered), 1), 4),
+        "positives": [sum(first), sum(again)],
+    }
+    try:
+        out["auc_known_labels"] = round(auc([float(a) for a in first], again), 4)
+    except ValueError:  # one class only among these tasks
+        out["auc_known_labels"] = None
+    return out
+
+
+def _how(path: Path) -> tuple[Any, Any]:
+    """How a file's answers were sampled: (answers per task, temperature)."""
+    h = header(path)
+    samples = h.get("samples", 1)
+    return samples, (0.0 if samples == 1 else h.get("temperature"))
+
+
 def check(
     path: Path, tasks: list[Task], greedy: Regime, sampled: Regime, margin: float
 ) -> dict[str, Any]:
     """Both seed-0 models on other outcomes (another temperature, any subset of the tasks):
-    AUC and APGR on the seed-0 held-out tasks those outcomes cover."""
+    AUC and APGR on the seed-0 held-out tasks those outcomes cover; for outcomes of a
+    shipped regime (same samples and temperature), how well its labels repeat."""
     rows = load(path)
     held_out = {e.id for e in greedy.tests[0]}
     covered = examples_from([t for t in tasks if t.key in rows], rows)
@@ -250,6 +284,8 @@ def check(
     out: dict[str, Any] = {"tasks": len(examples),
                            "positives": sum(e.label(margin) for e in examples),
                            "tiers": tier_sums(covered, same_regime.examples)}  # fmt: skip
+    if same_regime.source is not None and _how(path) == _how(same_regime.source):
+        out["repeat"] = repeatability(covered, same_regime.examples, margin)
     for regime in (greedy, sampled):
         scores = [regime.models[0].predict(e.body).probability for e in examples]
         try:
@@ -312,6 +348,12 @@ def main() -> None:
         print(f"  {'tier scores':14} {'tasks':>5} {'full':>6} {'fast':>6} {'shipped fast':>18}", file=sys.stderr)  # fmt: skip
         for source, t in c["tiers"].items():
             print(f"  {source:14} {t['tasks']:5.0f} {t['full']:6.1f} {t['fast']:6.1f} {t['fast_outcomes']:18.1f}", file=sys.stderr)  # fmt: skip
+        if "repeat" in c:
+            r = c["repeat"]
+            known = "n/a" if r["auc_known_labels"] is None else f"{r['auc_known_labels']:.3f}"
+            print(f"  the same regime collected again: {r['tasks']} tasks, labels alike on "
+                  f"{r['label_agreement']:.1%} ('needs full' {r['positives'][0]} then "
+                  f"{r['positives'][1]}); AUC of the shipped labels as a router: {known}", file=sys.stderr)  # fmt: skip
 
     mtbench = {r.name: mtbench_mix(r.models[0], tasks) for r in (greedy, sampled)}
     print(f"\nMT-Bench fast-tier share by category: {mtbench}", file=sys.stderr)

@@ -1,6 +1,6 @@
-"""bench.router_eval --check: another fast tier's scores set beside the shipped one's."""
+"""bench.router_eval --check: another fast tier's scores beside the shipped one's; repeated labels."""
 
-from bench.router_eval import tier_sums
+from bench.router_eval import repeatability, tier_sums
 from router.training import Example
 
 
@@ -16,3 +16,20 @@ def test_tier_sums_compare_the_same_tasks_per_source():
         "bfcl": {"tasks": 2, "full": 2, "fast": 2, "fast_outcomes": 1},
         "rg": {"tasks": 1, "full": 0.5, "fast": 0, "fast_outcomes": 1},
     }
+
+
+def test_repeatability_scores_the_shipped_labels_against_a_second_collection():
+    base = [ex("a", 1, 0), ex("b", 1, 0), ex("c", 0, 0), ex("d", 0, 0), ex("e", 1, 1)]
+    # collected again: "b" no longer needs full, "d" now does; "e" not collected
+    again = [ex("a", 1, 0), ex("b", 0, 0), ex("c", 0, 0), ex("d", 1, 0)]
+    r = repeatability(again, base, margin=0.25)
+    assert r["tasks"] == 4
+    assert r["label_agreement"] == 0.5
+    assert r["positives"] == [2, 2]
+    # positives a (known 1), d (0); negatives b (1), c (0): a>c right, d<b wrong, two ties
+    assert r["auc_known_labels"] == 0.5
+
+
+def test_repeatability_without_both_labels_has_no_auc():
+    base = [ex("a", 1, 0), ex("b", 0, 0)]
+    assert repeatability([ex("a", 0, 0), ex("b", 0, 0)], base, 0.25)["auc_known_labels"] is None
