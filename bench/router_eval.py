@@ -5,6 +5,7 @@
         [--write-model router/assets/classifier.json]
         [--write-sampled-model router/assets/classifier-sampled.json]
         [--write-examples FILE] [--plot docs/img/router_eval.png] [--plot-mix FILE]
+        [--check FILE ...] [--repeat FILE ...]
 
 1. Builds the labelled sets (and prints each group's mean score on both tiers): the
    checkable tasks of ``bench.router_tasks`` (BFCL, HumanEval, reasoning-gym at three
@@ -24,9 +25,10 @@
 4. ``--check FILE`` (repeatable): both seed-0 models on other outcomes, such as answers
    sampled at another temperature for a subset of the tasks (``bench.router_outcomes
    --samples 4 --temperature 0.3 --scale 0.25``), on the held-out tasks they cover: which
-   model routes requests at that temperature better. For a file collected like a shipped
-   regime (same samples and temperature: a second collection), also how well that regime's
-   labels repeat (``repeat``: share labelled alike, AUC of the shipped labels as a router).
+   model routes requests at that temperature better. ``--repeat FILE``: the same for a
+   second collection of a shipped regime (same samples, temperature and fast tier), and how
+   well that regime's labels repeat (``repeat``: the share labelled alike, the AUC of the
+   shipped labels as a router).
 
 ``--write-model`` / ``--write-sampled-model`` save the models trained on the seed-0
 training split (the ones whose held-out figures are printed): the files the repo ships,
@@ -268,11 +270,17 @@ def _how(path: Path) -> tuple[Any, Any]:
 
 
 def check(
-    path: Path, tasks: list[Task], greedy: Regime, sampled: Regime, margin: float
+    path: Path,
+    tasks: list[Task],
+    greedy: Regime,
+    sampled: Regime,
+    margin: float,
+    repeat: bool = False,
 ) -> dict[str, Any]:
     """Both seed-0 models on other outcomes (another temperature, any subset of the tasks):
-    AUC and APGR on the seed-0 held-out tasks those outcomes cover; for outcomes of a
-    shipped regime (same samples and temperature), how well its labels repeat."""
+    AUC and APGR on the seed-0 held-out tasks those outcomes cover. With ``repeat`` (the
+    file collects a shipped regime again, with the same fast tier), also how well that
+    regime's labels repeat."""
     rows = load(path)
     held_out = {e.id for e in greedy.tests[0]}
     covered = examples_from([t for t in tasks if t.key in rows], rows)
@@ -284,7 +292,14 @@ def check(
     out: dict[str, Any] = {"tasks": len(examples),
                            "positives": sum(e.label(margin) for e in examples),
                            "tiers": tier_sums(covered, same_regime.examples)}  # fmt: skip
-    if same_regime.source is not None and _how(path) == _how(same_regime.source):
+    if repeat:
+        assert same_regime.source is not None
+        if _how(path) != _how(same_regime.source):
+            raise SystemExit(
+                f"--repeat {path}: collected with (samples, temperature) {_how(path)}, the "
+                f"shipped {same_regime.name} outcomes with {_how(same_regime.source)}; "
+                "use --check for outcomes of another regime"
+            )
         out["repeat"] = repeatability(covered, same_regime.examples, margin)
     for regime in (greedy, sampled):
         scores = [regime.models[0].predict(e.body).probability for e in examples]
@@ -314,6 +329,11 @@ def main() -> None:
         help="more outcomes (e.g. --samples 4 --temperature 0.3 --scale 0.25): both models on "
         "their held-out tasks; repeatable",
     )  # fmt: skip
+    parser.add_argument(
+        "--repeat", type=Path, action="append", default=[],
+        help="a second collection of a shipped regime (same samples, temperature and fast "
+        "tier; e.g. --scale 0.25): --check, and how well the labels repeat; repeatable",
+    )  # fmt: skip
     parser.add_argument("--plot", type=Path, help="PGR curves of every router (PNG)")
     parser.add_argument("--plot-mix", type=Path, help="routing mix by task group (PNG)")
     parser.add_argument(
@@ -340,7 +360,10 @@ def main() -> None:
     greedy.print(sampled)
     sampled.print(greedy)
 
-    checks = {_shown(path): check(path, tasks, greedy, sampled, args.margin) for path in args.check}
+    checks = {
+        _shown(path): check(path, tasks, greedy, sampled, args.margin, repeat=path in args.repeat)
+        for path in [*args.check, *args.repeat]
+    }
     for name, c in checks.items():
         print(f"\n{name}: {c['tasks']} held-out tasks, {c['positives']} labelled 'needs full'", file=sys.stderr)  # fmt: skip
         for model in ("greedy_model", "sampled_model"):

@@ -1,6 +1,8 @@
 """bench.router_eval --check: another fast tier's scores beside the shipped one's; repeated labels."""
 
-from bench.router_eval import repeatability, tier_sums
+from pathlib import Path
+
+from bench.router_eval import _how, repeatability, tier_sums
 from router.training import Example
 
 
@@ -33,3 +35,16 @@ def test_repeatability_scores_the_shipped_labels_against_a_second_collection():
 def test_repeatability_without_both_labels_has_no_auc():
     base = [ex("a", 1, 0), ex("b", 0, 0)]
     assert repeatability([ex("a", 0, 0), ex("b", 0, 0)], base, 0.25)["auc_known_labels"] is None
+
+
+def test_a_repeat_must_be_collected_like_the_regime_it_repeats(tmp_path):
+    def outcomes(name: str, first: str) -> Path:
+        path = tmp_path / name
+        path.write_text(first + '\n{"key": "k", "id": "a", "full": {}, "fast": {}}\n')
+        return path
+
+    greedy = outcomes("g.jsonl", '{"samples": 1, "temperature": 0.0}')
+    sampled = outcomes("s.jsonl", '{"samples": 4, "temperature": 0.7}')
+    older = outcomes("o.jsonl", '{"models": ["auto"]}')  # before headers named samples
+    assert _how(greedy) == _how(older) == (1, 0.0)
+    assert _how(sampled) == (4, 0.7)
