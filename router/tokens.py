@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 DIGIT_BUDGET = 8192  # characters, the latest, in which digits and symbols are counted (then scaled)
@@ -99,6 +99,12 @@ class TokenModel:
             return c.token_ids
         total = sum(w * x for w, x in zip(self.weights(), c.vector(), strict=True))
         return max(0, round(total)) + c.token_ids
+
+    def appended(self, c: Counts) -> float:
+        """Tokens for what ``c`` counts beyond the template's fixed parts (base, the default
+        system prompt, the tools block): what messages appended to a conversation add."""
+        bare = replace(c, no_system=0.0, tools=0.0)
+        return sum(w * x for w, x in zip(self.weights()[1:], bare.vector()[1:], strict=True))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -308,13 +314,7 @@ def anchored(
     )
     if not grown:
         return estimate, False
-    extra = (
-        model.per_message * added.messages + model.per_char * added.chars
-        + model.per_digit * added.digits + model.per_symbol * added.symbols
-        + model.per_json_char * added.json_chars + model.per_call * added.calls
-        + model.per_wide_byte * added.wide
-    )  # fmt: skip
-    return anchor.tokens + max(0, round(extra)), True
+    return anchor.tokens + max(0, round(model.appended(added))), True
 
 
 def estimate_prompt_tokens(body: Mapping[str, Any], model: TokenModel | None = None) -> int:
