@@ -120,10 +120,14 @@ def print_groups(examples: list[Example], margin: float) -> None:
           f"{full:5.2f} {fast:5.2f} {share:10.0%}", file=sys.stderr)  # fmt: skip
 
 
-def group_ceiling(train: list[Example], test: list[Example], margin: float) -> dict[str, float]:
+def group_ceiling(
+    train: list[Example], test: list[Example], margin: float, scores: list[float]
+) -> dict[str, float]:
     """AUC of scoring each held-out task by its group's positive rate: from the training
     split (a router that knew every task's group) and from the held-out split itself (an
-    oracle): how much of the label is group-level, and how much is per-task noise."""
+    oracle), and that oracle with the classifier's ``scores`` breaking ties (a router that
+    knew the groups perfectly and ranked tasks within them as the classifier does): how
+    much of the label is group-level, and how much is per-task noise."""
     labels = [e.label(margin) for e in test]
 
     def rates(examples: list[Example]) -> dict[str, float]:
@@ -133,10 +137,23 @@ def group_ceiling(train: list[Example], test: list[Example], margin: float) -> d
         return {k: statistics.fmean(v) for k, v in by.items()}
 
     prior, oracle = rates(train), rates(test)
+    # group rates differ by far more than 1e-3 and scores lie in [0, 1]: they only break ties
+    tied = [oracle[fine_group(e)] + 1e-3 * p for e, p in zip(test, scores, strict=True)]
     return {
         "auc_group_prior": round(auc([prior.get(fine_group(e), 0.0) for e in test], labels), 4),
         "auc_group_oracle": round(auc([oracle[fine_group(e)] for e in test], labels), 4),
+        "auc_group_oracle_with_classifier": round(auc(tied, labels), 4),
     }
+
+
+def within_groups(test: list[Example], scores: list[float], margin: float) -> dict[str, float]:
+    """The classifier's AUC among the held-out tasks of each group that has both labels:
+    whether it ranks tasks within a group, not only groups."""
+    by: dict[str, tuple[list[float], list[int]]] = defaultdict(lambda: ([], []))
+    for e, p in zip(test, scores, strict=True):
+        by[fine_group(e)][0].append(p)
+        by[fine_group(e)][1].append(e.label(margin))
+    return {g: round(auc(ps, ys), 4) for g, (ps, ys) in sorted(by.items()) if 0 < sum(ys) < len(ys)}
 
 
 @dataclass
@@ -162,7 +179,9 @@ class Regime:
             spec = fit(train, seed=seed, margin=args.margin, meta=meta)
             model = Classifier(spec)
             report = compare(model, test, margin=args.margin)
-            report["ceiling"] = group_ceiling(train, test, args.margin)
+            scores = [model.predict(e.body, e.session).probability for e in test]
+            report["ceiling"] = group_ceiling(train, test, args.margin, scores)
+            report["within_groups"] = within_groups(test, scores, args.margin)
             self.runs.append(report)
             self.models.append(model)
             self.specs.append(spec)
@@ -190,10 +209,21 @@ class Regime:
         ceiling = self.ceiling()
         print(f"AUC if each task's group (source/category/difficulty) were known, mean of all "
               f"splits: rate from training {ceiling['auc_group_prior']:.3f}, "
-              f"oracle rate from the held-out split {ceiling['auc_group_oracle']:.3f}", file=sys.stderr)  # fmt: skip
+              f"oracle rate from the held-out split {ceiling['auc_group_oracle']:.3f}, "
+              f"oracle with the classifier breaking ties {ceiling['auc_group_oracle_with_classifier']:.3f}", file=sys.stderr)  # fmt: skip
+        within = self.within()
+        print("classifier AUC within a group (mean of the splits where it has both labels): "
+              + ", ".join(f"{g} {a:.2f}" for g, a in within.items()), file=sys.stderr)  # fmt: skip
         at = report["at_threshold"]
         print(f"at the model's threshold {at['threshold']:.3f}: {at['full_share']:.0%} of steps "
               f"on full, PGR {at['pgr']:.2f}", file=sys.stderr)  # fmt: skip
+
+    def within(self) -> dict[str, float]:
+        by: dict[str, list[float]] = defaultdict(list)
+        for r in self.runs:
+            for g, a in r["within_groups"].items():
+                by[g].append(a)
+        return {g: round(statistics.fmean(v), 4) for g, v in sorted(by.items())}
 
     def ceiling(self) -> dict[str, float]:
         keys = self.runs[0]["ceiling"]
@@ -216,6 +246,7 @@ class Regime:
             ),
             "held_out": report["tiers"],
             "ceiling_mean_splits": self.ceiling(),
+            "auc_within_groups_mean_splits": self.within(),
             "at_threshold": report["at_threshold"],
         }
         name = f"{other.name}_model"
