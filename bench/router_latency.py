@@ -27,8 +27,8 @@ import time
 from typing import Any
 
 from gateway.config import Settings
-from gateway.recording.chain import prefix_hash
-from gateway.route_state import CHAIN, RouteSessions, opening_key
+from gateway.routing.sessions import CHAIN, RouteSessions, opening_key
+from gateway.store.chain import prefix_hash
 from router import RouteRequest, build_policy
 from router.tokens import DEFAULT, Anchor, counts, position
 from router.types import SessionState, Tier

@@ -216,8 +216,8 @@ def main() -> None:
         )
     else:
         from bench.tiers import embedded_stack
+        from gateway.cli.embedded import fast_tier_identity
         from gateway.config import load_settings
-        from gateway.embedded import fast_tier_identity
 
         fast_tier = fast_tier_identity(load_settings().embedded)  # the stack reads the same env
         with embedded_stack() as url:

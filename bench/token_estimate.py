@@ -12,7 +12,7 @@ error per request:
 * ``chars_div_4``: characters / 4 of the message text, the router's estimate until
   2026-12-01 (the baseline);
 * ``default``: ``router.tokens.DEFAULT``, the shipped weights;
-* ``startup_fit``: what the gateway fits at start-up (``gateway.token_calibration``: 23
+* ``startup_fit``: what the gateway fits at start-up (``gateway.routing.calibration``: 23
   probe conversations), on these requests it never saw; the gateway routes with it only
   when it counts its probes better than ``default`` does;
 * ``refit``: least squares on half of the requests, checked on the other half — where
@@ -55,8 +55,8 @@ from tqdm import tqdm
 from bench import multilingual
 from bench.router_tasks import all_tasks
 from bench.tiers import embedded_stack, free_port
-from gateway.embedded import FULL_MODEL_NAME
-from gateway.token_calibration import Calibration, calibrate, fit_weights, replica_tokenizer
+from gateway.cli.embedded import FULL_MODEL_NAME
+from gateway.routing.calibration import Calibration, calibrate, fit_weights, replica_tokenizer
 from router.tokens import DEFAULT, Anchor, Counts, TokenModel, anchored, counts, position
 
 
@@ -334,7 +334,7 @@ def main() -> None:
         f"{'fitted' if calibration.uses_fit else 'default'} weights"
     )
     print(
-        f"the probes' counts (gateway.token_calibration.DEFAULT_FAMILY_COUNTS): "
+        f"the probes' counts (gateway.routing.calibration.DEFAULT_FAMILY_COUNTS): "
         f"{calibration.probe_counts}"
     )
     print(

@@ -5,15 +5,19 @@ import-linter contract in ``pyproject.toml`` enforces it), so that the same code
 runs on the request path and offline over recorded trajectories.
 """
 
-from router.policy import Policy, PolicyError, available_policies, build_policy
-from router.types import Decision, RouteRequest, Tier
+from router.analysis import Analysis
+from router.policy import Policy, PolicyError, available_policies, build_policy, parse_params
+from router.types import Decision, Endpoint, RouteRequest, Tier
 
 __all__ = [
+    "Analysis",
     "Decision",
+    "Endpoint",
     "Policy",
     "PolicyError",
     "RouteRequest",
     "Tier",
     "available_policies",
     "build_policy",
+    "parse_params",
 ]

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
-RISKS = ("read-only", "egress", "mutating", "destructive")  # in increasing order
-HOSTED = {
+Risk: TypeAlias = Literal["read-only", "egress", "mutating", "destructive"]
+RISKS: tuple[Risk, ...] = ("read-only", "egress", "mutating", "destructive")  # in increasing order
+HOSTED: dict[str, Risk] = {
     "read_file": "read-only", "list_dir": "read-only", "sql_query": "read-only",
     "http_fetch": "egress", "write_file": "mutating",
     "run_python": "destructive", "run_shell": "destructive",
@@ -35,7 +36,7 @@ WORD = re.compile(r"[a-z]+")
 MAX_TOOLS = 128
 
 
-def classify(name: str, overrides: Mapping[str, str] | None = None) -> str:
+def classify(name: str, overrides: Mapping[str, Risk] | None = None) -> Risk:
     if overrides and name in overrides:
         return overrides[name]
     if name in HOSTED:
@@ -59,8 +60,8 @@ def _name(tool: object) -> str | None:
 
 
 def pending(
-    body: Mapping[str, Any], overrides: Mapping[str, str] | None = None
-) -> tuple[str, str] | None:
+    body: Mapping[str, Any], overrides: Mapping[str, Risk] | None = None
+) -> tuple[Risk, str] | None:
     """(risk class, tool name) of the riskiest call this step may make, or None."""
     choice = body.get("tool_choice")
     if choice == "none":
@@ -71,7 +72,7 @@ def pending(
     tools = body.get("tools")
     if not isinstance(tools, Sequence) or isinstance(tools, str):
         return None
-    worst: tuple[str, str] | None = None
+    worst: tuple[Risk, str] | None = None
     for tool in tools[:MAX_TOOLS]:
         name = _name(tool)
         if name is None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from router.tokens import DEFAULT, Counts, TokenModel, anchored, counts
-from router.types import RouteRequest
+from router.tokens import DEFAULT, Counts, TokenModel, counts
+
+if TYPE_CHECKING:  # router.types builds a request's Analysis, which is made of this module
+    pass
 
 # Cheap substring tests first (C speed), and bounded patterns only after a hint matched: a
 # hostile request must not be able to make a decision slow. The tests also see only SCAN
@@ -80,37 +82,6 @@ def step_features(body: Mapping[str, Any], tokens: TokenModel | None = None) -> 
     return analyse(body, tokens).features
 
 
-def analyse_request(request: RouteRequest) -> Step:
-    """``analyse(request.body)``, once per request: a chain of policies shares it."""
-    step = request.memo.get("step")
-    if step is None:
-        tokens, _ = request_prompt_tokens(request)
-        step = analyse(request.body, request.tokens, request_counts(request), tokens)
-        request.memo["step"] = step
-    return step
-
-
-def request_counts(request: RouteRequest) -> Counts:
-    """``counts(request.body)``, once per request: every policy that sizes the prompt and
-    the gateway, which learns the estimate from the tier's count, share it."""
-    sizes = request.memo.get("counts")
-    if sizes is None:
-        sizes = request.memo["counts"] = counts(request.body)
-    return sizes
-
-
-def request_prompt_tokens(request: RouteRequest) -> tuple[int, bool]:
-    """(the prompt tokens the tier will read, whether they were sized from the session's
-    last exact count), once per request: ``router.tokens.anchored``."""
-    found = request.memo.get("prompt_tokens")
-    if found is None:
-        anchor = request.session.anchor if request.session is not None else None
-        model = request.tokens or DEFAULT
-        found = anchored(model, request_counts(request), request.body, anchor)
-        request.memo["prompt_tokens"] = found
-    return found
-
-
 def analyse(
     body: Mapping[str, Any],
     tokens: TokenModel | None = None,
@@ -118,7 +89,7 @@ def analyse(
     prompt_tokens: int | None = None,
 ) -> Step:
     """The step's features; ``tokens`` estimates its prompt tokens (``router.tokens``)
-    unless the caller knows them better (``prompt_tokens``: ``request_prompt_tokens``)."""
+    unless the caller knows them better (``prompt_tokens``: ``Analysis.prompt_tokens``)."""
     messages = body.get("messages")
     msgs = [m for m in messages if isinstance(m, Mapping)] if isinstance(messages, Sequence) else []
     last_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=-1)

@@ -20,7 +20,7 @@ scaled to the rest):
 ``DEFAULT`` is fitted to the embedded model family (SmolLM2's tokenizer over Gearshift's
 ChatML template; ``python -m bench.token_estimate``). At start-up the gateway checks it
 against the full tier's own tokenizer and template through vLLM's ``/tokenize``
-(``gateway.token_calibration``) and, for another family, fits weights of its own; then it
+(``gateway.routing.calibration``) and, for another family, fits weights of its own; then it
 refits them to the tiers' own counts of the prompts they serve. What it finds is logged.
 """
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
+from router.analysis import Analysis
 from router.tokens import Anchor, TokenModel
+
+Endpoint: TypeAlias = Literal["chat", "completions"]  # the OpenAI endpoint a request came to
 
 
 class Tier(StrEnum):
@@ -53,7 +56,7 @@ class RouteRequest:
     ``user``), or a hash of the session's first messages when it gave none.
     """
 
-    endpoint: str  # "chat" | "completions"
+    endpoint: Endpoint
     body: Mapping[str, Any]
     session_id: str | None = None
     session: SessionState | None = None
@@ -62,8 +65,12 @@ class RouteRequest:
     # default family's, ``router.tokens.DEFAULT``)
     tokens: TokenModel | None = None
     # what policies derive from ``body``, computed once per request however many policies
-    # of a chain look at it (``router.step_features.analyse_request``)
-    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # of a chain look at it (``router.analysis``); built here, never passed in
+    analysis: Analysis = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        anchor = self.session.anchor if self.session is not None else None
+        object.__setattr__(self, "analysis", Analysis(self.body, self.tokens, anchor))
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +79,10 @@ class Decision:
 
     ``propensity`` is the probability the policy gave to the tier it chose
     (1.0 for a deterministic policy); offline evaluation of other policies
-    from recorded trajectories needs it.
+    from recorded trajectories needs it. ``analysis`` is the request's
+    (``RouteRequest.analysis``), carried back so that the caller reads the prompt counts,
+    token estimate and position the policy used without computing them again (None for a
+    decision taken without a request, such as the gateway's fallback on a policy error).
     """
 
     tier: Tier
@@ -82,3 +92,4 @@ class Decision:
     features: Mapping[str, float] = field(default_factory=dict)
     score: float | None = None  # a scoring policy's P(the step needs the full tier)
     threshold: float | None = None  # the score at and above which it chose full
+    analysis: Analysis | None = field(default=None, compare=False, repr=False)

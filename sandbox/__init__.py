@@ -2,5 +2,5 @@
 
 Split as policy (``policy``: what may run, pure), runtime (``runtime``: where and how it runs:
 bubblewrap + seccomp + cgroups + rlimits), tools (``tools``: what each tool does), and the wire
-(``service``, ``client``). It never imports the gateway.
+(``service``, ``client``), with one exception tree (``errors``). It never imports the gateway.
 """

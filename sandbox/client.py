@@ -1,4 +1,9 @@
-"""The gateway's client for the sandbox service (loopback TCP or a Unix socket)."""
+"""The gateway's client for the sandbox service (loopback TCP or a Unix socket).
+
+Every failure it reports is a ``SandboxError`` (``sandbox.errors``): the class named by the
+answered ``code`` through the fixed table ``BY_CODE`` (the base class for a code it does not
+know), or ``SandboxUnreachable`` when nothing answered. Each carries the answered ``status``.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +12,48 @@ from typing import Any
 import aiohttp
 import orjson
 
+from sandbox.errors import (
+    BodyTooLarge,
+    InternalError,
+    InvalidArguments,
+    InvalidRequest,
+    SandboxError,
+    SandboxUnreachable,
+    SessionExists,
+    SessionNotFound,
+    Unauthorized,
+    UnknownTool,
+)
 from sandbox.protocol import FaultPlan, ToolResult
 
+__all__ = [
+    "BY_CODE", "BodyTooLarge", "InternalError", "InvalidArguments", "InvalidRequest",
+    "SandboxClient", "SandboxError", "SandboxUnreachable", "SessionExists", "SessionNotFound",
+    "Unauthorized", "UnknownTool",
+]  # fmt: skip
 
-class SandboxError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"sandbox answered {status} {code}: {message}")
-        self.status, self.code = status, code
+# The errors the service answers, by code. Fixed here: a remote answer only ever picks one.
+BY_CODE: dict[str, type[SandboxError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidRequest, InvalidArguments, Unauthorized, UnknownTool, SessionNotFound,
+        SessionExists, BodyTooLarge, InternalError,
+    )
+}  # fmt: skip
+UNREACHABLE_STATUS = 502  # nothing answered: reported as a bad gateway would be
+
+
+def failure(status: int, raw: bytes) -> SandboxError:
+    """The error for an answer with ``status`` >= 400 and body ``raw``."""
+    try:
+        err = orjson.loads(raw)["error"]
+        code, message = err.get("code"), err.get("message")
+    except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError):
+        code = message = None
+    if not isinstance(message, str):
+        message = raw[:200].decode(errors="replace")
+    cls = BY_CODE.get(code, SandboxError) if isinstance(code, str) else SandboxError
+    return cls(f"sandbox answered {status} {code or ''}: {message}", status=status)
 
 
 class SandboxClient:
@@ -37,17 +77,11 @@ class SandboxClient:
                 raw = await resp.read()
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise SandboxError(
-                502, "unreachable", f"the sandbox service is unreachable: {exc!r}"
+            raise SandboxUnreachable(
+                f"the sandbox service is unreachable: {exc!r}", status=UNREACHABLE_STATUS
             ) from exc
         if status >= 400:
-            try:
-                err = orjson.loads(raw).get("error", {})
-            except (orjson.JSONDecodeError, AttributeError):
-                err = {}
-            raise SandboxError(
-                status, err.get("code", ""), err.get("message", raw[:200].decode(errors="replace"))
-            )
+            raise failure(status, raw)
         return orjson.loads(raw) if raw else None
 
     async def tools(self) -> list[dict[str, Any]]:

@@ -32,27 +32,27 @@ import aiohttp
 import orjson
 
 from sandbox.config import SandboxConfig
-from sandbox.faults import Faults
-from sandbox.policy import Decision
+from sandbox.errors import (
+    InvalidArguments,
+    SessionExists,
+    SessionNotFound,
+    ToolRefused,
+    UnknownTool,
+)
+from sandbox.faults import FAULTS, Faults
+from sandbox.policy import Decision, Egress, ResourceClass
 from sandbox.policy import Principal as Who
-from sandbox.policy import Request as PolicyRequest
-from sandbox.protocol import SessionCreate, ToolCall, ToolResult
+from sandbox.protocol import SessionCreate, ToolCall, ToolResult, scoped_id
 from sandbox.runtime import RUNTIMES
 from sandbox.runtime.base import ProcessResult, Runtime
 from sandbox.runtime.bwrap import BwrapRuntime
 from sandbox.runtime.warm import WarmPython
-from sandbox.tools.fetch import EgressDenied, Resolver, system_resolver, target
-from sandbox.tools.files import Escape, Workspace
-from sandbox.tools.registry import TOOLS, Context
-from sandbox.tools.sql import QueryRefused
+from sandbox.tools.fetch import Resolver, system_resolver
+from sandbox.tools.files import Workspace
+from sandbox.tools.registry import TOOLS, Context, Tool
+from sandbox.toolschema import check_value
 
 log = logging.getLogger("gearshift.sandbox")
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
 
 
 @dataclass
@@ -83,11 +83,8 @@ class Sandbox:
     def create(self, body: SessionCreate) -> Session:
         sid = body.session_id or secrets.token_hex(16)
         if sid in self.sessions:
-            raise HTTPError(409, "conflict", f"session {sid!r} exists")
-        root = (
-            self.config.root
-            / hashlib.sha256(f"{body.principal.tenant}\x00{sid}".encode()).hexdigest()[:32]
-        )
+            raise SessionExists(f"session {sid!r} exists")
+        root = self.config.root / scoped_id(body.principal.tenant, sid)
         root.mkdir(parents=True, exist_ok=False, mode=0o700)
         os.chown(root, self.config.uid, self.config.gid)
         s = Session(
@@ -102,7 +99,7 @@ class Sandbox:
     def get(self, sid: str, tenant: str) -> Session:
         s = self.sessions.get(sid)
         if s is None or not hmac.compare_digest(s.tenant.encode(), tenant.encode()):
-            raise HTTPError(404, "not_found", f"no session {sid!r}")
+            raise SessionNotFound(f"no session {sid!r}")
         s.last_used = time.monotonic()
         return s
 
@@ -125,69 +122,53 @@ class Sandbox:
     async def call(self, name: str, body: ToolCall) -> ToolResult:
         tool = TOOLS.get(name)
         if tool is None:
-            raise HTTPError(404, "unknown_tool", f"no tool {name!r}; see GET /v1/tools")
+            raise UnknownTool(f"no tool {name!r}; see GET /v1/tools")
         session = self.get(body.session_id, body.principal.tenant)
-        _check_args(name, tool.parameters, body.arguments)
+        problem = check_value(body.arguments, tool.parameters, name)
+        if problem is not None:
+            raise InvalidArguments(problem)
         who = Who(body.principal.tenant, body.principal.key)
-        decision = self.policy.decide(who, _policy_request(name, tool.path_arg, body))
+        decision = self.policy.decide(who, tool.policy_request(body.arguments, body.approved))
         log.info(
             "tool %s for %s/%s in %s: %s by %s (%s)", name, who.tenant, who.key, session.id,
             "allowed" if decision.allowed else "denied", decision.rule, decision.reason,
         )  # fmt: skip
-        result = await self._execute(name, body, session, decision)
+        result = await self._execute(tool, body, session, decision)
         result.attestation = self.attest(name, body, result)
         return result
 
     async def _execute(
-        self, name: str, body: ToolCall, session: Session, d: Decision
+        self, tool: Tool, body: ToolCall, session: Session, d: Decision
     ) -> ToolResult:
-        base: dict[str, Any] = {"tool": name, "allowed": d.allowed, "rule": d.rule, "reason": d.reason,
-                "risk": str(d.risk) if d.risk else None}  # fmt: skip
+        verdict = ToolResult(
+            tool=tool.name,
+            allowed=d.allowed,
+            rule=d.rule,
+            reason=d.reason,
+            risk=str(d.risk) if d.risk else None,
+        )
         if not d.allowed or d.resources is None:
-            return ToolResult(**base)
+            return verdict
         fault = session.faults.next()
         if fault is not None:
-            return _injected(
-                base, fault, session.faults.plan.retry_after_s if session.faults.plan else 1.0
-            )
+            return FAULTS[fault].apply(verdict, fault, session.faults.retry_after_s)
+        ctx = self._context(tool, session, d.resources, d.egress)
+        return await _run(tool, ctx, body.arguments, verdict)
+
+    def _context(
+        self, tool: Tool, session: Session, limits: ResourceClass, egress: Egress | None
+    ) -> Context:
         if (
-            name == "run_python"
+            tool.warm
             and self.config.warm
             and session.warm is None
             and isinstance(self.runtime, BwrapRuntime)
         ):
-            session.warm = WarmPython(self.runtime, session.workspace.root, d.resources)
-        ctx = Context(
-            session.workspace, self.runtime, d.resources, session.warm, d.egress, self.resolve,
+            session.warm = WarmPython(self.runtime, session.workspace.root, limits)
+        return Context(
+            session.workspace, self.runtime, limits, session.warm, egress, self.resolve,
             {n: (db.path, tuple(db.statements)) for n, db in self.config.databases.items()},
         )  # fmt: skip
-        started = time.perf_counter()
-        try:
-            out = await TOOLS[name].run(ctx, body.arguments)
-        except Escape as exc:
-            return ToolResult(**{**base, "allowed": False, "rule": "workspace", "reason": str(exc)})
-        except EgressDenied as exc:
-            return ToolResult(**{**base, "allowed": False, "rule": "egress", "reason": str(exc)})
-        except QueryRefused as exc:
-            return ToolResult(
-                **{**base, "allowed": False, "rule": "sql broker", "reason": str(exc)}
-            )
-        except (OSError, ValueError, aiohttp.ClientError, sqlite3.Error) as exc:
-            return ToolResult(
-                **base,
-                exit_status=1,
-                stderr=str(exc),
-                duration_ms=(time.perf_counter() - started) * 1000,
-            )
-        if isinstance(out, ProcessResult):
-            return ToolResult(
-                **base, exit_status=out.exit_status, stdout=out.stdout.decode(errors="replace"),
-                stderr=out.stderr.decode(errors="replace"), truncated=out.truncated,
-                duration_ms=out.duration_ms, limit=out.limit, usage=out.usage,
-            )  # fmt: skip
-        return ToolResult(
-            **base, exit_status=0, output=out, duration_ms=(time.perf_counter() - started) * 1000
-        )
 
     def attest(self, name: str, body: ToolCall, result: ToolResult) -> str:
         """HMAC-SHA256 (keyed with the service token) over the request and the result."""
@@ -202,52 +183,37 @@ class Sandbox:
         return hmac.new(self.token, payload, hashlib.sha256).hexdigest()
 
 
-def _injected(base: dict[str, Any], fault: str, retry_after: float) -> ToolResult:
-    marked: dict[str, Any] = {**base, "fault": fault}
-    if fault == "timeout":
-        return ToolResult(
-            **marked, exit_status=137, limit="wall_time", stderr="killed: wall time limit"
+async def _run(tool: Tool, ctx: Context, args: dict[str, Any], verdict: ToolResult) -> ToolResult:
+    """Run an allowed call. A tool's refusal is a denial by the refusing rule; an I/O or
+    input failure is a failed run (exit status 1) with the error as its stderr."""
+    started = time.perf_counter()
+    try:
+        out = await tool.run(ctx, args)
+    except ToolRefused as exc:
+        return verdict.model_copy(update={"allowed": False, "rule": exc.rule, "reason": str(exc)})
+    except (OSError, ValueError, aiohttp.ClientError, sqlite3.Error) as exc:
+        return verdict.model_copy(
+            update={"exit_status": 1, "stderr": str(exc), "duration_ms": _ms_since(started)}
         )
-    if fault == "rate_limit":
-        return ToolResult(
-            **marked,
-            exit_status=None,
-            retry_after_s=retry_after,
-            stderr="rate limited; retry later",
-        )
-    if fault == "exception":
-        return ToolResult(
-            **marked, exit_status=1, stderr="RuntimeError: the tool failed unexpectedly"
-        )
-    if fault == "permission":
-        return ToolResult(**{**marked, "allowed": False, "reason": "permission denied"})
-    return ToolResult(**marked, exit_status=137, limit="memory", stderr="killed: out of memory")
+    if isinstance(out, ProcessResult):
+        return verdict.model_copy(update=_process_fields(out))
+    return verdict.model_copy(
+        update={"exit_status": 0, "output": out, "duration_ms": _ms_since(started)}
+    )
 
 
-def _policy_request(name: str, path_arg: str | None, body: ToolCall) -> PolicyRequest:
-    args = body.arguments
-    if name == "http_fetch":
-        try:
-            host, port = target(str(args["url"]))
-        except EgressDenied:
-            return PolicyRequest(name, approved=body.approved)  # no host: refused by the policy
-        return PolicyRequest(name, approved=body.approved, host=host, port=port)
-    if name == "sql_query":
-        return PolicyRequest(name, approved=body.approved, database=str(args["database"]))
-    path = args.get(path_arg) if path_arg else None
-    return PolicyRequest(name, str(path or "."), body.approved)
+def _process_fields(out: ProcessResult) -> dict[str, Any]:
+    """A process's outcome as the result's fields (its output decoded for the wire)."""
+    return {
+        "exit_status": out.exit_status,
+        "stdout": out.stdout.decode(errors="replace"),
+        "stderr": out.stderr.decode(errors="replace"),
+        "truncated": out.truncated,
+        "duration_ms": out.duration_ms,
+        "limit": out.limit,
+        "usage": out.usage,
+    }
 
 
-def _check_args(name: str, schema: dict[str, Any], args: dict[str, Any]) -> None:
-    props = schema.get("properties", {})
-    for key in schema.get("required", []):
-        if key not in args:
-            raise HTTPError(400, "invalid_arguments", f"{name}: missing argument {key!r}")
-    for key, value in args.items():
-        if key not in props:
-            raise HTTPError(400, "invalid_arguments", f"{name}: unknown argument {key!r}")
-        want = {"string": str, "boolean": bool}.get(props[key].get("type"), object)
-        if not isinstance(value, want):
-            raise HTTPError(
-                400, "invalid_arguments", f"{name}: {key!r} must be a {props[key]['type']}"
-            )
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000

@@ -1,12 +1,21 @@
-"""The sandbox service's wire models (typed request/response, unknown fields refused)."""
+"""The sandbox service's wire models (typed request/response, unknown fields refused), and
+``scoped_id``, the per-tenant id both the gateway and the sandbox give a named session."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 FaultKind = Literal["timeout", "rate_limit", "exception", "permission", "exhaustion"]
+
+
+def scoped_id(tenant: str, name: str) -> str:
+    """The stable per-tenant id of a tenant's named session or workspace: the gateway's
+    trajectory store and the sandbox both give it this id, so one tenant's names never meet
+    another's. 32 hex digits of ``sha256(tenant NUL name)``."""
+    return hashlib.sha256(f"{tenant}\x00{name}".encode()).hexdigest()[:32]
 
 
 class Model(BaseModel):

@@ -7,7 +7,8 @@
     POST   /v1/tools/{name}            run a tool call: policy, faults, runtime, attestation
 
 Every call but /health needs ``Authorization: Bearer <token>`` (constant-time
-comparison). Errors are ``{"error": {"message", "type", "code"}}``; a bug answers
+comparison). Errors are ``{"error": {"message", "type", "code"}}``, translated from the
+exception tree (``sandbox.errors``) in one place, ``error_response``; a bug answers
 500 and the service keeps serving. If the isolation runtime is unavailable the
 service refuses to start: it fails closed.
 """
@@ -30,9 +31,21 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from sandbox.config import SandboxConfig
-from sandbox.core import HTTPError, Sandbox
+from sandbox.core import Sandbox
+from sandbox.errors import (
+    BodyTooLarge,
+    InternalError,
+    InvalidArguments,
+    InvalidRequest,
+    RuntimeUnavailable,
+    SandboxError,
+    SessionExists,
+    SessionNotFound,
+    Unauthorized,
+    UnknownTool,
+)
 from sandbox.protocol import SessionCreate, ToolCall
-from sandbox.runtime.base import Runtime, RuntimeUnavailable
+from sandbox.runtime.base import Runtime
 from sandbox.runtime.cgroups import remove_stale
 from sandbox.tools.fetch import Resolver
 from sandbox.tools.registry import TOOLS
@@ -42,9 +55,40 @@ MAX_BODY = 4 << 20
 M = TypeVar("M", bound=BaseModel)
 
 
+# The HTTP status of each error the service answers; the body carries the class's ``code``.
+# Any other exception (the tree's client-only and non-HTTP members included) is a bug: 500.
+STATUS: dict[type[SandboxError], int] = {
+    InvalidRequest: 400,
+    InvalidArguments: 400,
+    Unauthorized: 401,
+    UnknownTool: 404,
+    SessionNotFound: 404,
+    SessionExists: 409,
+    BodyTooLarge: 413,
+    InternalError: 500,
+}
+
+
+def error_response(exc: Exception, path: str = "") -> Response:
+    """The one translation of an exception into the service's answer."""
+    if isinstance(exc, SandboxError):
+        status = next((STATUS[c] for c in type(exc).__mro__ if c in STATUS), None)
+        if status is not None:
+            return _error(status, exc.code, exc.message)
+    log.error("sandbox: unexpected error on %s", path, exc_info=exc)  # answer, log, keep serving
+    return _error(500, InternalError.code, "internal sandbox error; see the service log")
+
+
 def _error(status: int, code: str, message: str) -> Response:
     body = {"error": {"message": message, "type": "sandbox_error", "code": code}}
     return Response(orjson.dumps(body), status, media_type="application/json")
+
+
+def describe(exc: ValidationError) -> str:
+    """A wire model's first validation error, as one line naming the field."""
+    first = exc.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return f"{where}: {first['msg']}" if where else first["msg"]
 
 
 class _Empty(BaseModel):
@@ -56,19 +100,17 @@ class Handlers:
         self.sandbox = sandbox
 
     async def parse(self, request: Request, model: type[M]) -> M:
+        """The authorized request's body as ``model``."""
         auth = request.headers.get("authorization", "")
         if not hmac.compare_digest(auth.encode(), b"Bearer " + self.sandbox.token):
-            raise HTTPError(401, "unauthorized", "missing or wrong sandbox token")
+            raise Unauthorized("missing or wrong sandbox token")
         raw = await request.body()
         if len(raw) > MAX_BODY:
-            raise HTTPError(413, "too_large", f"body exceeds {MAX_BODY} bytes")
+            raise BodyTooLarge(f"body exceeds {MAX_BODY} bytes")
         try:
             return model.model_validate_json(raw or b"{}")
         except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            where = ".".join(str(p) for p in first["loc"])
-            message = f"{where}: {first['msg']}" if where else first["msg"]
-            raise HTTPError(400, "invalid_request", message) from None
+            raise InvalidRequest(describe(exc)) from None
 
     async def tools(self, request: Request) -> Response:
         await self.parse(request, _Empty)
@@ -97,11 +139,8 @@ def _route(path: str, fn: Callable[[Request], Awaitable[Response]], method: str)
     async def endpoint(request: Request) -> Response:
         try:
             return await fn(request)
-        except HTTPError as exc:
-            return _error(exc.status, exc.code, exc.message)
-        except Exception:  # a bug: answer, log, keep serving
-            log.exception("sandbox: unexpected error on %s", request.url.path)
-            return _error(500, "internal", "internal sandbox error; see the service log")
+        except Exception as exc:  # domain errors and bugs alike: translated in one place
+            return error_response(exc, request.url.path)
 
     return Route(path, endpoint, methods=[method])
 

@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection, func, select
 
-from gateway.recording.rewards import combined
 from gateway.store import codec
+from gateway.store.rewards import combined
 from gateway.store.schema import blobs, feedback, rewards, sessions, steps, tool_calls
 
 

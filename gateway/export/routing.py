@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from sqlalchemy import Connection
 
 from gateway.export.load import Filter, Trajectory, trajectories
-from gateway.recording.rewards import combined
+from gateway.store.rewards import combined
 from router.offpolicy import Logged
 from router.types import Tier
 

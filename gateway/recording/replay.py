@@ -20,10 +20,10 @@ from pathlib import Path
 
 import orjson
 
-from gateway.recording.rewards import load_hooks
 from gateway.recording.writer import StepWriter
 from gateway.recording.writer_process import BatchWriter, to_record
 from gateway.store.database import make_engine
+from gateway.store.rewards import load_hooks
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,41 +16,22 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 import uuid
 from collections import OrderedDict
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import orjson
 from sqlalchemy import Connection, func, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 
-from gateway.recording import chain, rewards
 from gateway.recording.records import ChoiceCapture, StepRecord
-from gateway.store import codec
+from gateway.store import chain, codec, rewards
+from gateway.store.rows import insert_ignore, now_utc, session_key
 from gateway.store.schema import blobs, sessions, steps, tenants, tool_calls
 from gateway.store.schema import rewards as rewards_t
-from gateway.toolschema import check_call, tool_schemas
+from sandbox.toolschema import check_call, tool_schemas
 
 log = logging.getLogger(__name__)
-
-
-def now_utc(ts: float | None = None) -> datetime:
-    return datetime.fromtimestamp(time.time() if ts is None else ts, UTC)
-
-
-def session_key(tenant: str, external: str) -> str:
-    """The session id for a client-named session: stable, and distinct per tenant."""
-    return hashlib.sha256(f"{tenant}\x00{external}".encode()).hexdigest()[:32]
-
-
-def insert_ignore(conn: Connection, table: Any, rows: list[dict[str, Any]]) -> None:
-    """INSERT ... ON CONFLICT DO NOTHING on both dialects."""
-    if not rows:
-        return
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    conn.execute(dialect.insert(table).on_conflict_do_nothing(), rows)
 
 
 class _LRU(OrderedDict[str, Any]):

@@ -38,9 +38,9 @@ from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from gateway.recording.records import ChoiceCapture, StepRecord
-from gateway.recording.rewards import load_hooks
 from gateway.recording.writer import StepWriter
 from gateway.store.database import make_engine
+from gateway.store.rewards import load_hooks
 from gateway.store.schema import steps
 
 log = logging.getLogger("gearshift.recorder")

@@ -11,9 +11,9 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select, update
 
-from gateway.recording import rewards as reward_fns
-from gateway.recording.writer import insert_ignore, now_utc, session_key
 from gateway.store import codec
+from gateway.store import rewards as reward_fns
+from gateway.store.rows import insert_ignore, now_utc, session_key
 from gateway.store.schema import feedback, sessions, steps, tenants, tool_calls
 from gateway.store.schema import rewards as rewards_t
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from router.policy import Policy, PolicyError, register
+from router.policy import Params, Policy, parse_params, register
 from router.types import Decision, RouteRequest, Tier
+
+
+@dataclass(frozen=True, slots=True)
+class AlwaysParams:
+    """None: a constant policy takes no parameters."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,21 +19,17 @@ class Always:
     name: str
 
     def decide(self, request: RouteRequest) -> Decision:
-        return Decision(tier=self.tier, reason=f"{self.name}: constant policy", policy=self.name)
-
-
-def _no_params(name: str, params: Mapping[str, Any]) -> None:
-    if params:
-        raise PolicyError(f"{name}: takes no parameters, got {sorted(params)}")
+        reason = f"{self.name}: constant policy"
+        return Decision(self.tier, reason, self.name, analysis=request.analysis)
 
 
 @register("always_full")
-def _full(params: Mapping[str, Any]) -> Policy:
-    _no_params("always_full", params)
+def _full(params: Params) -> Policy:
+    parse_params(AlwaysParams, params, "always_full")
     return Always(Tier.FULL, "always_full")
 
 
 @register("always_fast")
-def _fast(params: Mapping[str, Any]) -> Policy:
-    _no_params("always_fast", params)
+def _fast(params: Params) -> Policy:
+    parse_params(AlwaysParams, params, "always_fast")
     return Always(Tier.FAST, "always_fast")

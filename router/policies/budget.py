@@ -13,13 +13,33 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from router.policies.classifier import ClassifierPolicy, build_classifier, probability
-from router.policy import Policy, PolicyError, register
+from router.policies.classifier import ClassifierParams, ClassifierPolicy, build_classifier
+from router.policy import (
+    Params,
+    Policy,
+    PolicyError,
+    PositiveInt,
+    Probability,
+    parse_params,
+    register,
+)
 from router.types import Decision, RouteRequest
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetParams(ClassifierParams):
+    """The classifier's parameters and the budget's own (module docstring)."""
+
+    fast_share: Probability = 0.7
+    window: PositiveInt = 1000
+    min_samples: PositiveInt = 50
+
+    def __post_init__(self) -> None:
+        ClassifierParams.__post_init__(self)
+        if self.min_samples > self.window:
+            raise PolicyError("min_samples cannot exceed window")
 
 
 @dataclass(slots=True)
@@ -71,14 +91,6 @@ class Budget:
 
 
 @register("budget")
-def _build(params: Mapping[str, Any]) -> Policy:
-    p = dict(params)
-    share = probability(p, "fast_share", 0.7, "budget")
-    window, min_samples = p.pop("window", 1000), p.pop("min_samples", 50)
-    for key, value in (("window", window), ("min_samples", min_samples)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise PolicyError(f"budget: {key} must be a positive integer, got {value!r}")
-    if min_samples > window:
-        raise PolicyError("budget: min_samples cannot exceed window")
-    scorer = build_classifier(p, "budget")
-    return Budget(scorer, share, window, min_samples)
+def _build(params: Params) -> Policy:
+    p = parse_params(BudgetParams, params, "budget")
+    return Budget(build_classifier(p, params, "budget"), p.fast_share, p.window, p.min_samples)

@@ -24,15 +24,37 @@ that one for every request, and ``sampled_model: null`` turns the split off.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple, TypeAlias
 
 from router.classifier import DEFAULT_MODEL, DEFAULT_SAMPLED_MODEL, Classifier, Prediction
-from router.policy import Policy, PolicyError, register
-from router.step_features import analyse_request
+from router.policy import Check, Params, Policy, PolicyError, Probability, parse_params, register
 from router.types import Decision, RouteRequest, Tier
+
+Temperature: TypeAlias = Annotated[
+    float, Check("a temperature between 0 and 2", lambda v: 0 <= v <= 2)
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ClassifierParams:
+    """The classifier's parameters (module docstring); ``budget`` and ``load_aware`` take
+    them too, beside their own. Whether the sampled model is on depends on which keys the
+    configuration names, not on these values alone (``sampled_path``)."""
+
+    model: str | None = None  # None or "": the shipped model
+    threshold: Probability | None = None  # None: the model's own
+    explore: Probability = 0.0
+    sampled_model: str | None = None  # named as null: off; "": the shipped sampled model
+    sampled_threshold: Probability | None = None  # None: the sampled model's own
+    sampled_from: Temperature = 0.35
+    default_temperature: Temperature = 1.0
+
+    def __post_init__(self) -> None:
+        if self.explore > 0.5:
+            raise PolicyError("explore above 0.5 would invert the policy")
 
 
 def _coin(request: RouteRequest, prediction: Prediction) -> float:
@@ -87,7 +109,7 @@ class ClassifierPolicy:
             if temperature is not None:
                 model, threshold = self.sampled.model, self.sampled.threshold
                 regime = f"sampled T={temperature:g}"
-        prediction = model.predict(request.body, request.session, analyse_request(request))
+        prediction = model.predict(request.body, request.session, request.analysis.step)
         return Scored(prediction, threshold, regime)
 
     def decide(self, request: RouteRequest) -> Decision:
@@ -113,66 +135,44 @@ class ClassifierPolicy:
             else:
                 propensity = 1.0 - self.explore
         return Decision(
-            tier, reason, name, propensity, prediction.features, score=p, threshold=threshold
+            tier, reason, name, propensity, prediction.features, p, threshold, request.analysis
         )
 
 
-def load_model(params: dict[str, Any], policy: str, key: str = "model") -> Classifier:
-    path = params.pop(key, None) or (DEFAULT_MODEL if key == "model" else DEFAULT_SAMPLED_MODEL)
+def load_model(path: Path, policy: str, key: Literal["model", "sampled_model"]) -> Classifier:
     try:
-        return Classifier.load(Path(str(path)))
+        return Classifier.load(path)
     except (ValueError, KeyError, TypeError) as exc:
         raise PolicyError(f"{policy}: cannot load the router model ({key}): {exc}") from None
 
 
-def _temperature(params: dict[str, Any], key: str, default: float, policy: str) -> float:
-    value = params.pop(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 2:
-        raise PolicyError(f"{policy}: {key} must be a temperature between 0 and 2, got {value!r}")
-    return float(value)
+def sampled_path(p: ClassifierParams, given: Collection[str]) -> Path | None:
+    """The sampled-request model's file: the shipped one by default, or ``sampled_model``
+    when the configuration names it; none when it names only ``model`` (a team's own model
+    then scores every request) or ``sampled_model: null``. ``given``: the names it gave."""
+    if "sampled_model" in given:
+        return None if p.sampled_model is None else Path(p.sampled_model or DEFAULT_SAMPLED_MODEL)
+    return None if "model" in given else DEFAULT_SAMPLED_MODEL
 
 
-def load_sampled(params: dict[str, Any], policy: str) -> Sampled | None:
-    """The sampled-request model: on with the shipped models, or when ``sampled_model`` is
-    named; off when only ``model`` is named or ``sampled_model`` is null."""
-    own_model = "model" in params
-    wanted = params.get("sampled_model", None if own_model else DEFAULT_SAMPLED_MODEL)
-    sampled_from = _temperature(params, "sampled_from", 0.35, policy)
-    default_temperature = _temperature(params, "default_temperature", 1.0, policy)
-    if wanted is None:
-        params.pop("sampled_model", None)
-        if "sampled_threshold" in params:
-            raise PolicyError(f"{policy}: sampled_threshold needs a sampled_model")
-        return None
-    params["sampled_model"] = wanted
-    model = load_model(params, policy, "sampled_model")
-    threshold = probability(params, "sampled_threshold", model.threshold, policy)
-    return Sampled(model, threshold, sampled_from, default_temperature)
-
-
-def probability(params: dict[str, Any], key: str, default: float, policy: str) -> float:
-    value = params.pop(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise PolicyError(f"{policy}: {key} must be a number between 0 and 1, got {value!r}")
-    return float(value)
-
-
-def build_classifier(params: Mapping[str, Any], policy: str = "classifier") -> ClassifierPolicy:
-    p = dict(params)
-    sampled = load_sampled(p, policy)
-    model = load_model(p, policy)
-    threshold = probability(p, "threshold", model.threshold, policy)
-    explore = probability(p, "explore", 0.0, policy)
-    if explore > 0.5:
-        raise PolicyError(f"{policy}: explore above 0.5 would invert the policy")
-    if p:
-        raise PolicyError(
-            f"{policy}: unknown parameters {sorted(p)}; known: model, threshold, explore, "
-            "sampled_model, sampled_threshold, sampled_from, default_temperature"
-        )
-    return ClassifierPolicy(model, threshold, explore, sampled=sampled)
+def build_classifier(
+    p: ClassifierParams, given: Collection[str], policy: str = "classifier"
+) -> ClassifierPolicy:
+    """The classifier ``p`` describes (``given``: ``sampled_path``); PolicyError names
+    ``policy`` when a model cannot be loaded."""
+    sampled: Sampled | None = None
+    path = sampled_path(p, given)
+    if path is None and p.sampled_threshold is not None:
+        raise PolicyError(f"{policy}: sampled_threshold needs a sampled_model")
+    if path is not None:
+        scorer = load_model(path, policy, "sampled_model")
+        threshold = scorer.threshold if p.sampled_threshold is None else p.sampled_threshold
+        sampled = Sampled(scorer, threshold, p.sampled_from, p.default_temperature)
+    model = load_model(Path(p.model or DEFAULT_MODEL), policy, "model")
+    threshold = model.threshold if p.threshold is None else p.threshold
+    return ClassifierPolicy(model, threshold, p.explore, sampled=sampled)
 
 
 @register("classifier")
-def _build(params: Mapping[str, Any]) -> Policy:
-    return build_classifier(params)
+def _build(params: Params) -> Policy:
+    return build_classifier(parse_params(ClassifierParams, params, "classifier"), params)

@@ -7,15 +7,17 @@ last exact count when it has one: ``router.tokens.anchored``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from router.policy import Policy, PolicyError, register
-from router.step_features import request_prompt_tokens
+from router.policy import NonNegativeInt, Params, Policy, parse_params, register
 from router.types import Decision, RouteRequest, Tier
 
 DEFAULT_THRESHOLD_TOKENS = 512
+
+
+@dataclass(frozen=True, slots=True)
+class LengthThresholdParams:
+    threshold_tokens: NonNegativeInt = DEFAULT_THRESHOLD_TOKENS  # at and above: the full tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +26,7 @@ class LengthThreshold:
     name: str = "length_threshold"
 
     def decide(self, request: RouteRequest) -> Decision:
-        tokens, anchored = request_prompt_tokens(request)
+        tokens, anchored = request.analysis.prompt_tokens
         if tokens >= self.threshold_tokens:
             tier, cmp = Tier.FULL, ">="
         else:
@@ -35,15 +37,11 @@ class LengthThreshold:
             reason=f"length_threshold: ~{tokens} prompt tokens{sized} {cmp} {self.threshold_tokens}",
             policy=self.name,
             features={"prompt_tokens_est": float(tokens)},
+            analysis=request.analysis,
         )
 
 
 @register("length_threshold")
-def _build(params: Mapping[str, Any]) -> Policy:
-    unknown = set(params) - {"threshold_tokens"}
-    if unknown:
-        raise PolicyError(f"length_threshold: unknown parameters {sorted(unknown)}")
-    threshold = params.get("threshold_tokens", DEFAULT_THRESHOLD_TOKENS)
-    if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0:
-        raise PolicyError("length_threshold: threshold_tokens must be a non-negative integer")
-    return LengthThreshold(threshold_tokens=threshold)
+def _build(params: Params) -> Policy:
+    p = parse_params(LengthThresholdParams, params, "length_threshold")
+    return LengthThreshold(threshold_tokens=p.threshold_tokens)

@@ -14,13 +14,20 @@ plain classifier.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from router.policies.classifier import ClassifierPolicy, build_classifier, probability
-from router.policy import Policy, PolicyError, register
+from router.policies.classifier import ClassifierParams, ClassifierPolicy, build_classifier
+from router.policy import Params, Policy, PositiveFloat, Probability, parse_params, register
 from router.types import Decision, LoadSignals, RouteRequest, Tier
+
+
+@dataclass(frozen=True, slots=True)
+class LoadAwareParams(ClassifierParams):
+    """The classifier's parameters and the shift's own (module docstring)."""
+
+    shift: Probability = 0.2
+    queue_scale: PositiveFloat = 4.0
+    min_acceptance: Probability = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +65,7 @@ class LoadAware:
 
 
 @register("load_aware")
-def _build(params: Mapping[str, Any]) -> Policy:
-    p = dict(params)
-    shift = probability(p, "shift", 0.2, "load_aware")
-    min_acceptance = probability(p, "min_acceptance", 0.3, "load_aware")
-    scale = p.pop("queue_scale", 4.0)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale <= 0:
-        raise PolicyError(f"load_aware: queue_scale must be a positive number, got {scale!r}")
-    scorer = build_classifier(p, "load_aware")
-    return LoadAware(scorer, shift, float(scale), min_acceptance)
+def _build(params: Params) -> Policy:
+    p = parse_params(LoadAwareParams, params, "load_aware")
+    scorer = build_classifier(p, params, "load_aware")
+    return LoadAware(scorer, p.shift, p.queue_scale, p.min_acceptance)

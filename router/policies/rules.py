@@ -15,77 +15,85 @@ policy. Each rule can be turned off:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Annotated, Literal, TypeAlias
 
 from router import risk as tool_risk
-from router.policy import Policy, PolicyError, build_policy, register
-from router.step_features import analyse_request
+from router.policy import Check, Params, Policy, PolicyError, build_policy, parse_params, register
 from router.types import Decision, RouteRequest, Tier
 
-RULES = {
+Rule: TypeAlias = Literal["code", "math", "effort", "tool_error"]
+RULES: dict[Rule, tuple[str, str]] = {  # the step feature each reads, and why it forces full
     "code": ("code", "code in the request"),
     "math": ("math", "math in the request"),
     "effort": ("reasoning_effort", "high reasoning effort asked"),
     "tool_error": ("last_tool_error", "the last tool call failed"),
 }
 FORCING_RISKS = ("mutating", "destructive")
+RiskMap: TypeAlias = Annotated[
+    Mapping[str, tool_risk.Risk],
+    Check(f"a map of tool names to one of {', '.join(tool_risk.RISKS)}"),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RulesParams:
+    base: str = "length_threshold"  # the policy that decides when no rule applies
+    base_params: Mapping[str, object] | None = None
+    risky_tools: bool = True
+    risk: RiskMap | None = None  # tool name -> risk class, over ``router.risk``'s own
+    code: bool = True
+    math: bool = True
+    effort: bool = True
+    tool_error: bool = True
+
+    def __post_init__(self) -> None:
+        if self.base == "rules":
+            raise PolicyError("base cannot be 'rules'")
+
+    @property
+    def enabled(self) -> tuple[Rule, ...]:
+        on = {"code": self.code, "math": self.math, "effort": self.effort,
+              "tool_error": self.tool_error}  # fmt: skip
+        return tuple(rule for rule in RULES if on[rule])
 
 
 @dataclass(frozen=True, slots=True)
 class Rules:
     base: Policy
-    enabled: tuple[str, ...]
+    enabled: tuple[Rule, ...]
     risky_tools: bool = True
-    risk: Mapping[str, str] = field(default_factory=dict)
+    risk: Mapping[str, tool_risk.Risk] = field(default_factory=dict)
     name: str = "rules"
 
     def parts(self) -> tuple[object, ...]:
         return (self.base,)
 
     def decide(self, request: RouteRequest) -> Decision:
-        features = analyse_request(request).features
+        features = request.analysis.step.features
         if self.risky_tools:
             found = tool_risk.pending(request.body, self.risk)
             if found is not None and found[0] in FORCING_RISKS:
                 why = f"rule risky_tools: a {found[0]} tool call may follow ({found[1]})"
-                return Decision(Tier.FULL, why, self.name, 1.0, features)
+                return Decision(Tier.FULL, why, self.name, 1.0, features, analysis=request.analysis)
         for rule in self.enabled:
             key, why = RULES[rule]
             threshold = 2.0 if rule == "effort" else 1.0
             if features[key] >= threshold:
-                return Decision(Tier.FULL, f"rule {rule}: {why}", self.name, 1.0, features)
+                why = f"rule {rule}: {why}"
+                return Decision(Tier.FULL, why, self.name, 1.0, features, analysis=request.analysis)
         inner = self.base.decide(request)
-        return Decision(
-            inner.tier, f"{inner.reason} (no rule applied)", f"{self.name}/{inner.policy}",
-            inner.propensity, {**features, **inner.features}, inner.score, inner.threshold,
-        )  # fmt: skip
-
-
-def _flag(p: dict[str, Any], key: str) -> bool:
-    value = p.pop(key, True)
-    if not isinstance(value, bool):
-        raise PolicyError(f"rules: {key} must be true or false, got {value!r}")
-    return value
+        return replace(
+            inner,
+            reason=f"{inner.reason} (no rule applied)",
+            policy=f"{self.name}/{inner.policy}",
+            features={**features, **inner.features},
+            analysis=request.analysis,
+        )
 
 
 @register("rules")
-def _build(params: Mapping[str, Any]) -> Policy:
-    p = dict(params)
-    base_name = p.pop("base", "length_threshold")
-    if base_name == "rules":
-        raise PolicyError("rules: base cannot be 'rules'")
-    base = build_policy(str(base_name), p.pop("base_params", None) or {})
-    enabled = tuple(rule for rule in RULES if _flag(p, rule))
-    risky = _flag(p, "risky_tools")
-    overrides = p.pop("risk", None) or {}
-    if not isinstance(overrides, Mapping) or any(
-        v not in tool_risk.RISKS for v in overrides.values()
-    ):
-        raise PolicyError(f"rules: risk must map tool names to one of {', '.join(tool_risk.RISKS)}")
-    if p:
-        raise PolicyError(
-            f"rules: unknown parameters {sorted(p)}; known: base, base_params, risky_tools, "
-            f"risk, {', '.join(RULES)}"
-        )
-    return Rules(base, enabled, risky, dict(overrides))
+def _build(params: Params) -> Policy:
+    p = parse_params(RulesParams, params, "rules")
+    base = build_policy(p.base, p.base_params or {})
+    return Rules(base, p.enabled, p.risky_tools, dict(p.risk or {}))

@@ -17,11 +17,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from router.policy import Policy, PolicyError, build_policy, register
-from router.types import Decision, RouteRequest, Tier
+from router.policy import (
+    NonNegativeInt,
+    Params,
+    Policy,
+    PolicyError,
+    build_policy,
+    parse_params,
+    register,
+)
+from router.types import Decision, RouteRequest, SessionState, Tier
 
 
 def in_tool_loop(body: Mapping[str, Any]) -> bool:
@@ -30,6 +38,18 @@ def in_tool_loop(body: Mapping[str, Any]) -> bool:
         return False
     last = messages[-1]
     return isinstance(last, Mapping) and last.get("role") == "tool"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionParams:
+    base: str = "classifier"  # the policy that decides when the session does not
+    base_params: Mapping[str, object] | None = None
+    cooldown_steps: NonNegativeInt = 8
+    sticky: bool = True
+
+    def __post_init__(self) -> None:
+        if self.base == "session":
+            raise PolicyError("base cannot be 'session'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,51 +63,37 @@ class Session:
         return (self.base,)
 
     def decide(self, request: RouteRequest) -> Decision:
-        state = request.session
         inner = self.base.decide(request)
-        name = f"{self.name}/{inner.policy}"
-        if state is not None and state.last_failure_step is not None:
+        decision = replace(inner, policy=f"{self.name}/{inner.policy}", analysis=request.analysis)
+        why = self._why_full(request.session, inner, request.body)
+        if why is None:
+            return decision
+        reason = f"{why}; {inner.policy} said {inner.tier}"
+        return replace(decision, tier=Tier.FULL, reason=reason, propensity=1.0)
+
+    def _why_full(
+        self, state: SessionState | None, inner: Decision, body: Mapping[str, Any]
+    ) -> str | None:
+        """Why the session overrules ``inner`` with the full tier, or None when it does not."""
+        if state is None:
+            return None
+        if state.last_failure_step is not None:
             since = state.steps - state.last_failure_step  # 1: the previous step
             if since <= self.cooldown_steps:
-                why = (f"session: a fast-tier step failed {since} step(s) ago "
-                       f"(full for {self.cooldown_steps})")  # fmt: skip
-                return self._force(inner, name, why)
+                return (f"session: a fast-tier step failed {since} step(s) ago "
+                        f"(full for {self.cooldown_steps})")  # fmt: skip
         if (
             self.sticky
-            and state is not None
             and state.last_tier is Tier.FULL
             and inner.tier is Tier.FAST
-            and in_tool_loop(request.body)
+            and in_tool_loop(body)
         ):
-            return self._force(inner, name, "session: the tool loop stays on the full tier")
-        return Decision(
-            inner.tier, inner.reason, name, inner.propensity, inner.features,
-            inner.score, inner.threshold,
-        )  # fmt: skip
-
-    @staticmethod
-    def _force(inner: Decision, name: str, why: str) -> Decision:
-        reason = f"{why}; {inner.policy} said {inner.tier}"
-        return Decision(Tier.FULL, reason, name, 1.0, inner.features, inner.score, inner.threshold)
+            return "session: the tool loop stays on the full tier"
+        return None
 
 
 @register("session")
-def _build(params: Mapping[str, Any]) -> Policy:
-    p = dict(params)
-    base_name = str(p.pop("base", "classifier"))
-    if base_name == "session":
-        raise PolicyError("session: base cannot be 'session'")
-    base = build_policy(base_name, p.pop("base_params", None) or {})
-    cooldown = p.pop("cooldown_steps", 8)
-    if isinstance(cooldown, bool) or not isinstance(cooldown, int) or cooldown < 0:
-        raise PolicyError(
-            f"session: cooldown_steps must be a non-negative integer, got {cooldown!r}"
-        )
-    sticky = p.pop("sticky", True)
-    if not isinstance(sticky, bool):
-        raise PolicyError(f"session: sticky must be true or false, got {sticky!r}")
-    if p:
-        raise PolicyError(
-            f"session: unknown parameters {sorted(p)}; known: base, base_params, cooldown_steps, sticky"
-        )
-    return Session(base, cooldown, sticky)
+def _build(params: Params) -> Policy:
+    p = parse_params(SessionParams, params, "session")
+    base = build_policy(p.base, p.base_params or {})
+    return Session(base, p.cooldown_steps, p.sticky)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from sandbox.errors import RuntimeUnavailable as RuntimeUnavailable
 from sandbox.policy import ResourceClass
 
 TRUNCATED = b"\n[... truncated by the sandbox ...]\n"
@@ -22,10 +23,6 @@ class ProcessResult:
     limit: str | None = None  # "wall_time" | "memory" | "pids" | "cpu" | "output" | "file_size"
     truncated: bool = False
     usage: dict[str, float] = field(default_factory=dict)
-
-
-class RuntimeUnavailable(Exception):
-    """The isolation runtime cannot run here: the service must refuse to run code."""
 
 
 class Runtime(Protocol):

@@ -20,13 +20,10 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
+from sandbox.errors import EgressDenied
 from sandbox.policy import Egress, ResourceClass
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
-
-
-class EgressDenied(Exception):
-    """The URL or an address it resolves to is outside the egress allowlist."""
 
 
 def target(url: str) -> tuple[str, int]:

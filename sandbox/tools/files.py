@@ -16,6 +16,8 @@ import os
 import stat
 from pathlib import Path
 
+from sandbox.errors import Escape
+
 SYS_OPENAT2 = 437  # x86_64 and aarch64
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_BENEATH = 0x08
@@ -24,10 +26,6 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 class OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
-
-
-class Escape(Exception):
-    """The path leaves the workspace (or goes through a link that would)."""
 
 
 def openat2(dirfd: int, path: str, flags: int, mode: int = 0) -> int:

@@ -1,4 +1,5 @@
-"""The tools: a JSON schema for the model, and how each runs (one entry per tool)."""
+"""The tools: a JSON schema for the model, what the policy is asked about a call, and how
+each runs (one entry per tool)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandbox.errors import EgressDenied, QueryRefused
 from sandbox.policy import Egress, ResourceClass
+from sandbox.policy import Request as PolicyRequest
 from sandbox.runtime.base import ProcessResult, Runtime
 from sandbox.runtime.warm import WarmPython
-from sandbox.tools.fetch import Resolver, fetch, system_resolver
+from sandbox.tools.fetch import Resolver, fetch, system_resolver, target
 from sandbox.tools.files import Workspace
-from sandbox.tools.sql import QueryRefused, query
+from sandbox.tools.sql import query
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +30,7 @@ class Context:
 
 
 Impl = Callable[[Context, dict[str, Any]], Awaitable["ProcessResult | Any"]]
+Asks = Callable[[str, dict[str, Any], bool], PolicyRequest]  # (tool, arguments, approved)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +39,40 @@ class Tool:
     description: str
     parameters: dict[str, Any]
     run: Impl
-    path_arg: str | None = None  # the argument the policy checks as a workspace path
+    asks: Asks  # what the policy decides on for a call (its path, host or database)
+    warm: bool = False  # runs in the session's resident interpreter when warm mode is on
 
     def schema(self) -> dict[str, Any]:
         return {"type": "function", "function": {"name": self.name, "description": self.description,
                 "parameters": self.parameters, "strict": True}}  # fmt: skip
+
+    def policy_request(self, arguments: dict[str, Any], approved: bool) -> PolicyRequest:
+        """The request the policy decides on; ``arguments`` already fit ``parameters``."""
+        return self.asks(self.name, arguments, approved)
+
+
+def tool_only(name: str, args: dict[str, Any], approved: bool) -> PolicyRequest:
+    """Process tools: the grant of the tool (and its risk class) is all there is to check."""
+    return PolicyRequest(name, ".", approved)
+
+
+def workspace_path(name: str, args: dict[str, Any], approved: bool) -> PolicyRequest:
+    """File tools: the ``path`` argument, checked against the grant's read or write globs."""
+    return PolicyRequest(name, str(args.get("path") or "."), approved)
+
+
+def url_target(name: str, args: dict[str, Any], approved: bool) -> PolicyRequest:
+    """``http_fetch``: the URL's host and port, checked against the egress allowlist."""
+    try:
+        host, port = target(str(args["url"]))
+    except EgressDenied:
+        return PolicyRequest(name, approved=approved)  # no host: refused by the policy
+    return PolicyRequest(name, approved=approved, host=host, port=port)
+
+
+def database(name: str, args: dict[str, Any], approved: bool) -> PolicyRequest:
+    """``sql_query``: the database name, checked against the grant's databases."""
+    return PolicyRequest(name, approved=approved, database=str(args["database"]))
 
 
 def _obj(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -96,20 +129,20 @@ TOOLS: dict[str, Tool] = {
     t.name: t
     for t in (
         Tool("run_python", "Run a Python 3 program in the session's workspace (no network).",
-             _obj({"code": {"type": "string"}}, ["code"]), run_python),
+             _obj({"code": {"type": "string"}}, ["code"]), run_python, tool_only, warm=True),
         Tool("run_shell", "Run a POSIX shell command in the session's workspace (no network).",
-             _obj({"command": {"type": "string"}}, ["command"]), run_shell),
+             _obj({"command": {"type": "string"}}, ["command"]), run_shell, tool_only),
         Tool("read_file", "Read a text file of the workspace.",
-             _obj({"path": {"type": "string"}}, ["path"]), read_file, "path"),
+             _obj({"path": {"type": "string"}}, ["path"]), read_file, workspace_path),
         Tool("write_file", "Write (or append to) a file of the workspace.",
              _obj({"path": {"type": "string"}, "content": {"type": "string"},
-                   "append": {"type": "boolean"}}, ["path", "content"]), write_file, "path"),
+                   "append": {"type": "boolean"}}, ["path", "content"]), write_file, workspace_path),
         Tool("list_dir", "List a directory of the workspace.",
-             _obj({"path": {"type": "string"}}, []), list_dir, "path"),
+             _obj({"path": {"type": "string"}}, []), list_dir, workspace_path),
         Tool("http_fetch", "GET a URL on the egress allowlist (no redirects followed).",
-             _obj({"url": {"type": "string"}}, ["url"]), http_fetch),
+             _obj({"url": {"type": "string"}}, ["url"]), http_fetch, url_target),
         Tool("sql_query", "Run a read-only SQL query on a configured database.",
              _obj({"database": {"type": "string"}, "query": {"type": "string"}},
-                  ["database", "query"]), sql_query),
+                  ["database", "query"]), sql_query, database),
     )
 }  # fmt: skip

@@ -15,13 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sandbox.errors import QueryRefused
+
 READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION}
 FIRST_WORD = re.compile(r"^\s*(?:--[^\n]*\n\s*|/\*.*?\*/\s*)*([A-Za-z]+)", re.S)
 MAX_ROWS = 1000
-
-
-class QueryRefused(Exception):
-    """The statement is not of an allowed class, or tried more than reading."""
 
 
 def _authorizer(action: int, *_: Any) -> int:

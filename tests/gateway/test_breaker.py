@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from gateway.breaker import BreakerState, CircuitBreaker
+from gateway.upstream.breaker import BreakerState, CircuitBreaker
 
 
 class Clock:

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from backends.vllm_server import VllmServerSpec, command
-from gateway import embedded
+from gateway.cli import embedded
 from gateway.config import DEFAULT_ROUTER_PARAMS, EmbeddedSettings, RouterSettings
 from router.classifier import DEFAULT_MODEL, Classifier
 from router.policy import build_policy, parts

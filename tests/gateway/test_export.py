@@ -11,13 +11,13 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from gateway.cli import main
+from gateway.cli.main import main
 from gateway.export.formats import FORMATS, export
 from gateway.export.load import Filter
 from gateway.recording.records import ChoiceCapture, StepRecord
-from gateway.recording.rewards import DEFAULT_WEIGHTS
 from gateway.recording.writer import StepWriter
 from gateway.store.database import make_engine, upgrade
+from gateway.store.rewards import DEFAULT_WEIGHTS
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 USER = {"role": "user", "content": "Weather in Paris?"}

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from gateway.config import BreakerSettings, HealthSettings
-from gateway.pool import TierPool
+from gateway.upstream.pool import TierPool
 from router import Tier
 
 

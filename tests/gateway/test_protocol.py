@@ -5,13 +5,18 @@ import logging
 import pytest
 from pydantic import ValidationError
 
-from gateway.protocol import ChatCompletionRequest, CompletionRequest, describe, note_unknown_fields
+from gateway.http.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    describe,
+    note_unknown_fields,
+)
 
 
 def test_unknown_fields_are_kept_and_logged_once(caplog):
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "brand_new_param": 1}
     assert ChatCompletionRequest.model_validate(body).model_extra == {"brand_new_param": 1}
-    with caplog.at_level(logging.INFO, logger="gateway.protocol"):
+    with caplog.at_level(logging.INFO, logger="gateway.http.protocol"):
         seen: set[str] = set()
         note_unknown_fields("chat", body, seen)
         note_unknown_fields("chat", body, seen)

@@ -14,9 +14,9 @@ from sqlalchemy import func, select
 
 from gateway.config import StoreSettings
 from gateway.metrics import Metrics
-from gateway.recording.chain import history_hash
 from gateway.recording.recorder import Recorder
 from gateway.recording.records import ChoiceCapture, StepRecord
+from gateway.store.chain import history_hash
 from gateway.store.schema import steps
 
 

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from sqlalchemy import func, select
 
-from gateway.cli import main
+from gateway.cli.main import main
 from gateway.recording.records import ChoiceCapture, StepRecord
 from gateway.store import database
 from gateway.store.schema import steps

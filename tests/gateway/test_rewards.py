@@ -8,11 +8,11 @@ import uuid
 import pytest
 from sqlalchemy import select
 
+from gateway.cli.serve import _store_problem
 from gateway.config import Settings
-from gateway.recording import rewards
 from gateway.recording.records import ChoiceCapture, StepRecord
 from gateway.recording.writer import StepWriter
-from gateway.serve import _store_problem
+from gateway.store import rewards
 from gateway.store.database import make_engine, upgrade
 from gateway.store.schema import rewards as rewards_t
 from gateway.store.schema import steps

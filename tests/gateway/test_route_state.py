@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from gateway.recording.chain import History
-from gateway.route_state import RouteSessions, SessionKeys, continuation_keys, opening_key
+from gateway.routing.sessions import RouteSessions, SessionKeys, continuation_keys, opening_key
+from gateway.store.chain import History
 from router.tokens import Anchor, Counts, fingerprint
 from router.types import Tier
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
+from gateway.cli.main import main
 from router.classifier import Classifier
 from router.dataset import write_examples
 from tests.router.conftest import synthetic

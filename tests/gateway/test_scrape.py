@@ -7,8 +7,8 @@ from starlette.routing import Route
 
 from gateway.config import BreakerSettings, HealthSettings
 from gateway.metrics import Metrics
-from gateway.pool import TierPool
-from gateway.scrape import Scraper, parse
+from gateway.upstream.pool import TierPool
+from gateway.upstream.scrape import Scraper, parse
 from router import Tier
 from tests.support.servers import serve_in_thread
 

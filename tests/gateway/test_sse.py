@@ -3,7 +3,7 @@ from __future__ import annotations
 import orjson
 
 from gateway.errors import UpstreamTimeout
-from gateway.sse import DONE, error_event, split_events
+from gateway.upstream.sse import DONE, error_event, split_events
 
 
 def test_split_keeps_the_incomplete_tail():

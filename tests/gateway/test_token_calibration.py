@@ -1,4 +1,4 @@
-"""Fitting the router's prompt-token estimate to a tier's tokenizer (gateway.token_calibration).
+"""Fitting the router's prompt-token estimate to a tier's tokenizer (gateway.routing.calibration).
 
 Against the real tier (vLLM's /tokenize with the default model) in
 tests/e2e/test_embedded_stack.py; here the fit itself, on counting rules it must recover,
@@ -15,9 +15,8 @@ import pytest
 
 from bench.token_estimate import agent_sessions
 from gateway.config import BreakerSettings, HealthSettings, Settings, TierSettings
-from gateway.pool import TierPool
-from gateway.serving import Gateway
-from gateway.token_calibration import (
+from gateway.pipeline.services import Services
+from gateway.routing.calibration import (
     PROBES,
     NoTokenizer,
     TokenCalibrator,
@@ -25,6 +24,7 @@ from gateway.token_calibration import (
     fit_weights,
     refit_from_traffic,
 )
+from gateway.upstream.pool import TierPool
 from router import Tier
 from router.tokens import DEFAULT, Counts, TokenModel, counts
 from tests.support.fake_upstream import FakeUpstream
@@ -100,7 +100,7 @@ def test_the_gateway_routes_with_weights_fitted_to_its_full_tier():
         )
 
         async def scenario() -> tuple[TokenModel, TokenModel]:
-            gateway = Gateway(settings)
+            gateway = Services(settings)
             before = gateway.token_calibrator.model
             await gateway.start()
             try:
@@ -126,7 +126,7 @@ def test_calibration_can_be_turned_off():
         router={"calibrate_tokens": False},
         store={"enabled": False},
     )
-    gateway = Gateway(settings)
+    gateway = Services(settings)
     assert gateway.token_calibrator.model is DEFAULT
 
 

@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from gateway.app import create_app
 from gateway.config import Settings
+from gateway.http.app import create_app
 from gateway.metrics import Metrics
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import free_port, serve_in_thread

@@ -234,8 +234,8 @@ def test_request_still_running_when_shutdown_drain_ends_gets_503_in_openai_shape
     import httpx
     import uvicorn
 
-    from gateway.app import create_app
     from gateway.config import Settings
+    from gateway.http.app import create_app
     from tests.support.servers import free_port, serve_in_thread
 
     full = FakeUpstream().then(Behaviour("stall"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from gateway.config import TierSettings
-from gateway.family import check_replica_family
+from gateway.upstream.family_probe import check_replica_family
 from router import Tier
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import serve_in_thread

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 from gateway.config import Settings
 from gateway.export.formats import FORMATS, export
 from gateway.export.load import Filter
-from gateway.recording.rewards import DEFAULT_WEIGHTS
 from gateway.store.database import make_engine
+from gateway.store.rewards import DEFAULT_WEIGHTS
 from sandbox.config import SandboxConfig
 from sandbox.service import create_app
 from tests.sandbox.conftest import EVERYTHING

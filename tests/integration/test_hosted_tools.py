@@ -73,7 +73,7 @@ def test_tools_without_a_sandbox_or_a_session_get_clear_errors(make_stack):
     assert r.status_code == 400 and r.json()["error"]["param"] == "session_id"
 
 
-def test_an_unreachable_sandbox_is_a_502_not_a_crash(make_stack):
+def test_an_unreachable_sandbox_is_a_503_sandbox_unavailable_not_a_crash(make_stack):
     port = free_port()  # nothing listens there
     stack = make_stack([FakeUpstream()], sandbox={"token": "t", "host": "127.0.0.1", "port": port})
     r = httpx.post(
@@ -81,4 +81,6 @@ def test_an_unreachable_sandbox_is_a_502_not_a_crash(make_stack):
         headers={"x-session-id": "s"},
         json={"arguments": {"code": "1"}},
     )
-    assert r.status_code == 502 and "unreachable" in r.json()["error"]["message"]
+    error = r.json()["error"]
+    assert r.status_code == 503 and error["code"] == "sandbox_unavailable"
+    assert "unreachable" in error["message"]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from gateway.cli.serve import uvicorn_config
 from gateway.config import Settings
-from gateway.serve import uvicorn_config
 from tests.integration.test_crash import _wait_ready
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import free_port, serve_in_thread

@@ -3,7 +3,6 @@ from __future__ import annotations
 import pytest
 
 from router import PolicyError, RouteRequest, Tier, available_policies, build_policy
-from router.step_features import analyse_request, request_prompt_tokens
 from router.tokens import Anchor, counts, estimate_prompt_tokens, position
 from router.types import SessionState
 
@@ -62,10 +61,11 @@ def test_policies_size_a_session_step_from_its_last_exact_count():
         decision.reason
         == f"length_threshold: ~{tokens} prompt tokens (session-anchored) >= {tokens}"
     )
-    assert analyse_request(request).features["prompt_tokens"] == tokens
-    assert request_prompt_tokens(request) == (tokens, True)
+    assert request.analysis.step.features["prompt_tokens"] == tokens
+    assert request.analysis.prompt_tokens == (tokens, True)
+    assert decision.analysis is request.analysis
     alone = RouteRequest("chat", body, "s")  # no session history: the estimate
-    assert request_prompt_tokens(alone) == (estimate_prompt_tokens(body), False)
+    assert alone.analysis.prompt_tokens == (estimate_prompt_tokens(body), False)
 
 
 def test_decisions_are_deterministic():

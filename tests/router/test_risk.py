@@ -55,5 +55,7 @@ def test_rules_send_risky_steps_to_full_and_say_which_tool():
 
 
 def test_bad_risk_map_is_named():
-    with pytest.raises(PolicyError, match="risk must map tool names"):
+    with pytest.raises(
+        PolicyError, match="rules: risk must be a map of tool names to one of read-only, egress"
+    ):
         build_policy("rules", {"risk": {"x": "scary"}})

@@ -1,0 +1,57 @@
+"""Reading a request's JSON body: size-limited while it streams in, parsed once, a 4xx
+naming the problem otherwise. Every endpoint that takes a body reads it here."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+
+from gateway.errors import InvalidRequest, PayloadTooLarge
+from gateway.http.protocol import describe
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def read_json(request: Request, limit: int, *, empty: bytes | None = None) -> dict[str, Any]:
+    """The body as a JSON object. A declared or actual size over ``limit`` is a 413 before
+    the rest is read; an empty body is ``empty`` when given (``b"{}"``), else a 400."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(
+            f"request body of {declared} bytes exceeds the limit of {limit} bytes"
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks) or empty
+    if not raw:
+        raise InvalidRequest("request body is empty; send a JSON object")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest(f"request body must be a JSON object, not {type(data).__name__}")
+    return data
+
+
+def validated(data: dict[str, Any], model: type[M]) -> M:
+    """``data`` as ``model``, or a 400 naming the first problem and its parameter."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        message, param = describe(exc)
+        raise InvalidRequest(message, param=param) from None
+
+
+async def read_model(request: Request, model: type[M], limit: int) -> M:
+    """The JSON body (whatever the content-type: curl's -d says form) as ``model``; an
+    empty body is ``{}``."""
+    return validated(await read_json(request, limit, empty=b"{}"), model)

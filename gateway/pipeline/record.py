@@ -1,0 +1,67 @@
+"""The recorder's view of an outcome: one ``StepRecord`` per recorded request."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from gateway.pipeline.outcome import Outcome, StepPlan
+from gateway.recording.records import StepRecord
+from router import Decision
+
+MAX_CHOICES = 128  # vLLM's own limit on n is lower; this only bounds the ids we mint
+
+
+def plan_step(body: dict[str, object]) -> StepPlan:
+    """Step ids for a request about to be served (one per choice it asks for)."""
+    n = body.get("n")
+    count = min(n, MAX_CHOICES) if isinstance(n, int) and n > 0 else 1
+    return StepPlan(tuple(os.urandom(16).hex() for _ in range(count)), time.time())
+
+
+def step_record(outcome: Outcome, step: StepPlan) -> StepRecord:
+    who, d, served = outcome.identity, outcome.routing.decision, outcome.served
+    captured = outcome.captured
+    first = outcome.first_byte_at
+    return StepRecord(
+        step_ids=list(step.ids),
+        request_id=who.request_id,
+        tenant=who.tenant,
+        api_key=who.api_key,
+        endpoint=who.endpoint,
+        request=outcome.request.body,
+        external_session=who.session_id,
+        task_id=who.task_id,
+        group_id=who.group_id,
+        created_at=step.created_at,
+        status=outcome.status,
+        tier=str(served.tier),
+        model=captured.model if captured is not None else None,
+        replica=served.replica,
+        policy=d.policy if d else "pinned",
+        propensity=d.propensity if d else 1.0,
+        route_reason=outcome.route_reason,
+        features=route_features(d),
+        fallback=served.fallback,
+        escalated=served.escalated is not None,
+        attempts=served.attempts,
+        prompt_token_ids=captured.prompt_token_ids if captured is not None else None,
+        choices=list(captured.choices) if captured is not None else [],
+        prompt_tokens=outcome.prompt_tokens,
+        completion_tokens=outcome.completion_tokens,
+        ttft_ms=(first - who.t0) * 1000 if first is not None else None,
+        duration_ms=who.elapsed_ms(outcome.ended_at),
+        error=outcome.error,
+    )
+
+
+def route_features(d: Decision | None) -> dict[str, float] | None:
+    """The decision's features, with the policy's score and threshold when it had them."""
+    if d is None:
+        return None
+    out = dict(d.features)
+    if d.score is not None:
+        out["route_score"] = d.score
+    if d.threshold is not None:
+        out["route_threshold"] = d.threshold
+    return out

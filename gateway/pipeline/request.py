@@ -1,0 +1,47 @@
+"""What enters the pipeline: a request's identity and its validated body, fixed once parsed.
+
+Nothing here changes after ``gateway.http.completions`` builds it; each stage returns a
+new value of its own (``Routing``, ``UpstreamRequest``, ``Outcome``), so every field has
+exactly one writer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from router import Endpoint
+
+PATHS: dict[Endpoint, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestIdentity:
+    """Who asked, for what, and when the request entered the process."""
+
+    request_id: str
+    t0: float  # perf_counter() when the request entered the process
+    endpoint: Endpoint
+    requested_model: str
+    tenant: str = "default"
+    api_key: str = "anonymous"
+    session_id: str | None = None  # X-Session-Id, or the body's ``user``
+    task_id: str | None = None
+    group_id: str | None = None
+
+    def elapsed_ms(self, now: float | None = None) -> float:
+        return ((time.perf_counter() if now is None else now) - self.t0) * 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """A validated completion request. ``body`` is the client's JSON object exactly as sent:
+    no stage mutates it (the upstream body is a copy built once, ``upstream_body``)."""
+
+    identity: RequestIdentity
+    body: dict[str, Any]
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream"))

@@ -1,0 +1,52 @@
+"""Build the upstream request once: the client's parameters, what capture adds, and the
+tier's model name.
+
+The client's body is copied, never changed: every parameter it sent reaches vLLM as sent
+(unknown ones included). Two additions, both removed again from what the client sees:
+
+* recording asks for the exact token ids and the sampled tokens' log-probabilities
+  (``gateway.recording.capture.prepare``);
+* a stream asks for its usage chunk (metrics and recording need the counts).
+
+The model name is the serving tier's, so the payload is serialised per tier the request
+is sent to (once each: a retry on the same tier reuses the bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from gateway.pipeline.request import PATHS, ParsedRequest
+from gateway.recording.capture import Wants, prepare
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamRequest:
+    path: str
+    body: dict[str, Any]  # what the tiers get, but for ``model``
+    stream: bool
+    wants: Wants | None  # what the client asked to see of the captured fields; None: not captured
+    strip_usage: bool  # the usage chunk is the gateway's, not the client's
+    _payloads: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+
+    def payload(self, model: str) -> bytes:
+        """The JSON bytes sent to a tier serving ``model``."""
+        found = self._payloads.get(model)
+        if found is None:
+            found = self._payloads[model] = orjson.dumps({**self.body, "model": model})
+        return found
+
+
+def build_upstream_request(parsed: ParsedRequest, *, capture: bool) -> UpstreamRequest:
+    """``capture``: ask the engine for token ids and log-probabilities (recording is on)."""
+    body = dict(parsed.body)
+    stream = parsed.stream
+    options = body.get("stream_options")
+    strip_usage = stream and not (isinstance(options, dict) and options.get("include_usage"))
+    if strip_usage:
+        body["stream_options"] = {**(options or {}), "include_usage": True}
+    wants = prepare(parsed.identity.endpoint, body) if capture else None
+    return UpstreamRequest(PATHS[parsed.identity.endpoint], body, stream, wants, strip_usage)

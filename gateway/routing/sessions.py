@@ -1,0 +1,217 @@
+"""What routing remembers between steps: per-session history and the tiers' load.
+
+Sessions are keyed by tenant and the client's ``X-Session-Id`` (or ``user``). Without
+either, by hash chain, as the recorder links steps (``gateway.store.chain``): a step
+whose messages up to the last assistant message hash to an earlier step's messages plus
+the answer it got continues that step, and starts from the history as it stood after it.
+Every sample of a prompt continues on its own chain, so agents that share an opening (RL
+rollouts of one task, many users of one system prompt) do not share a routing history.
+A step that continues no known answer — a session's first, or one whose history the client
+compacted or edited — falls back to the hash of the session's opening (system prompt and
+first user message), where every unnamed session with that opening adds its steps.
+
+The table is bounded (least recently used entries are forgotten first) and entries expire
+after ``ttl_s`` without a step, so a flood of one-off sessions costs bounded memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gateway.store.chain import History
+from gateway.upstream.pool import TierPool
+from gateway.upstream.scrape import Scraper
+from router.tokens import Anchor
+from router.types import LoadSignals, SessionState, Tier
+
+OPENING_CHARS = 4096
+OPENING_PARTS = 16
+
+
+def _text(content: object) -> str:
+    if isinstance(content, str):
+        return content[:OPENING_CHARS]
+    if isinstance(content, list):
+        parts = (p.get("text") for p in content[:OPENING_PARTS] if isinstance(p, Mapping))
+        return " ".join(t[:OPENING_CHARS] for t in parts if isinstance(t, str))[:OPENING_CHARS]
+    return ""
+
+
+def opening_key(body: Mapping[str, Any]) -> str | None:
+    """A session key from the system prompt and the first user message (chat only)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return None
+    system = user = None
+    for message in messages:
+        if not isinstance(message, Mapping):
+            continue
+        role = message.get("role")
+        if system is None and role in ("system", "developer"):
+            system = _text(message.get("content"))
+        elif role == "user":
+            user = _text(message.get("content"))
+            break
+    if user is None:
+        return None
+    digest = hashlib.blake2b(f"{system}\x00{user}".encode(), digest_size=12).hexdigest()
+    return f"opening:{digest}"
+
+
+CHAIN = "chain:"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKeys:
+    """How a step's session is known: ``key`` is what routing reads (a named session, a
+    chain link or the opening); ``opening`` is also kept up to date for unnamed sessions,
+    as the fallback for steps that continue no known answer."""
+
+    key: str | None
+    opening: str | None = None
+    named: bool = False
+    # an unnamed chat step's messages, reduced once for the chain (its answers' links)
+    history: History | None = field(default=None, compare=False)
+
+    @property
+    def chained(self) -> bool:
+        return self.key is not None and self.key.startswith(CHAIN)
+
+
+def continuation_keys(history: History | None, answers: Sequence[Any]) -> list[str]:
+    """The chain keys the next steps of an unnamed chat session will look up: one per
+    answer to ``history`` (a request with ``n`` samples forks ``n`` ways)."""
+    if history is None:
+        return []
+    keys = []
+    for answer in answers:
+        if isinstance(answer, dict):
+            try:
+                cont = history.continuation(answer)
+            except (TypeError, ValueError):  # content orjson cannot serialize: no chain
+                return []
+            if cont is not None:
+                keys.append(CHAIN + cont)
+    return keys
+
+
+class RouteSessions:
+    def __init__(self, max_sessions: int = 100_000, ttl_s: float = 3600.0) -> None:
+        self.max_sessions = max_sessions
+        self.ttl_s = ttl_s
+        self._table: OrderedDict[tuple[str, str], tuple[float, SessionState]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def get(self, tenant: str, key: str | None) -> SessionState | None:
+        if key is None:
+            return None
+        entry = self._table.get((tenant, key))
+        if entry is None:
+            return None
+        seen, state = entry
+        if time.monotonic() - seen > self.ttl_s:
+            del self._table[(tenant, key)]
+            return None
+        return state
+
+    def keys(self, tenant: str, session_id: str | None, body: Mapping[str, Any]) -> SessionKeys:
+        """How the step in ``body`` is known (see the module's docstring)."""
+        if session_id:
+            return SessionKeys(session_id, named=True)
+        opening = opening_key(body)
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return SessionKeys(opening, opening)
+        history: History | None
+        try:
+            reduced = History(messages)
+            history, prefix = reduced, reduced.prefix()
+        except (TypeError, ValueError):  # content orjson cannot serialize: no chain
+            history, prefix = None, None
+        if prefix is not None and self.get(tenant, CHAIN + prefix) is not None:
+            return SessionKeys(CHAIN + prefix, opening, history=history)
+        return SessionKeys(opening, opening, history=history)
+
+    def update(
+        self,
+        tenant: str,
+        key: str | None,
+        tier: Tier,
+        *,
+        escalated: bool,
+        failed: bool,
+        anchor: Anchor | None = None,
+    ) -> None:
+        """Count a finished step: the tier that answered, whether the fast tier failed and,
+        when the tier counted the prompt of a routed step, that count (``anchor``)."""
+        if key is None:
+            return
+        self.put(tenant, key, advance(self.get(tenant, key), tier, escalated, failed, anchor))
+
+    def finish(
+        self,
+        tenant: str,
+        keys: SessionKeys,
+        tier: Tier,
+        *,
+        escalated: bool,
+        failed: bool,
+        anchor: Anchor | None = None,
+        continuations: Sequence[str] = (),
+    ) -> None:
+        """Count a finished step where its session is known: a named session's history; for
+        an unnamed one, the opening's, and the chain's — the history this step continued (or
+        a new one), advanced by it, under each of its answers' continuation keys."""
+        if keys.named:
+            self.update(tenant, keys.key, tier, escalated=escalated, failed=failed, anchor=anchor)
+            return
+        self.update(tenant, keys.opening, tier, escalated=escalated, failed=failed, anchor=anchor)
+        if continuations:
+            before = self.get(tenant, keys.key) if keys.chained else None
+            after = advance(before, tier, escalated, failed, anchor)
+            for key in continuations:
+                self.put(tenant, key, after)
+
+    def put(self, tenant: str, key: str, state: SessionState) -> None:
+        self._table[(tenant, key)] = (time.monotonic(), state)
+        self._table.move_to_end((tenant, key))
+        while len(self._table) > self.max_sessions:
+            self._table.popitem(last=False)
+
+
+def advance(
+    state: SessionState | None, tier: Tier, escalated: bool, failed: bool, anchor: Anchor | None
+) -> SessionState:
+    """The history after one more step."""
+    state = state or SessionState()
+    fast_failed = escalated or (failed and tier is Tier.FAST)
+    return replace(
+        state,
+        steps=state.steps + 1,
+        last_tier=tier,
+        escalations=state.escalations + int(escalated),
+        fast_failures=state.fast_failures + int(fast_failed),
+        last_failure_step=state.steps if fast_failed else state.last_failure_step,
+        anchor=anchor or state.anchor,
+    )
+
+
+def load_signals(pools: Mapping[Tier, TierPool], scraper: Scraper) -> LoadSignals:
+    """Requests queued or running per replica (the engines' own gauges, or the gateway's
+    in-flight count when it is higher or no scrape has come in) and the acceptance rates."""
+    queue: dict[Tier, float] = {}
+    acceptance: dict[Tier, float | None] = {}
+    for tier, pool in pools.items():
+        stats = scraper.tiers.get(tier)
+        engine = stats.total("running") + stats.total("waiting") if stats else 0.0
+        in_flight = float(sum(r.in_flight for r in pool.replicas))
+        queue[tier] = max(engine, in_flight) / max(1, len(pool.replicas))
+        acceptance[tier] = stats.acceptance_rate if stats else None
+    return LoadSignals(queue, acceptance)
