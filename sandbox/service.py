@@ -44,7 +44,7 @@ from sandbox.errors import (
     Unauthorized,
     UnknownTool,
 )
-from sandbox.protocol import SessionCreate, ToolCall
+from sandbox.protocol import SessionCreate, ToolCall, describe_validation, read_limited
 from sandbox.runtime.base import Runtime
 from sandbox.runtime.cgroups import remove_stale
 from sandbox.tools.fetch import Resolver
@@ -84,13 +84,6 @@ def _error(status: int, code: str, message: str) -> Response:
     return Response(orjson.dumps(body), status, media_type="application/json")
 
 
-def describe(exc: ValidationError) -> str:
-    """A wire model's first validation error, as one line naming the field."""
-    first = exc.errors(include_url=False)[0]
-    where = ".".join(str(p) for p in first["loc"])
-    return f"{where}: {first['msg']}" if where else first["msg"]
-
-
 class _Empty(BaseModel):
     pass
 
@@ -104,13 +97,12 @@ class Handlers:
         auth = request.headers.get("authorization", "")
         if not hmac.compare_digest(auth.encode(), b"Bearer " + self.sandbox.token):
             raise Unauthorized("missing or wrong sandbox token")
-        raw = await request.body()
-        if len(raw) > MAX_BODY:
-            raise BodyTooLarge(f"body exceeds {MAX_BODY} bytes")
+        declared = request.headers.get("content-length")
+        raw = await read_limited(request.stream(), MAX_BODY, declared, BodyTooLarge)
         try:
             return model.model_validate_json(raw or b"{}")
         except ValidationError as exc:
-            raise InvalidRequest(describe(exc)) from None
+            raise InvalidRequest(describe_validation(exc.errors(include_url=False))[0]) from None
 
     async def tools(self, request: Request) -> Response:
         await self.parse(request, _Empty)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import subprocess
 import sys
 from pathlib import Path
 
@@ -119,23 +120,13 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
     """Run the sandbox service alone (its own process, as root: it sets up cgroups)."""
-    import uvicorn
+    from gateway.cli.sandbox_process import command, write_section
 
-    from sandbox.runtime.base import RuntimeUnavailable
-    from sandbox.service import create_app
-
-    config = load_config(args.config).sandbox
+    config_file = write_section(load_config(args.config).sandbox)
     try:
-        app = create_app(config)
-    except RuntimeUnavailable as exc:
-        raise SystemExit(f"gearshift sandbox: refusing to run code: {exc}") from None
-    if config.token is None:
-        print(f"sandbox token (set sandbox.token to keep it): {app.state.sandbox.token.decode()}")
-    where = (
-        {"uds": str(config.socket)} if config.socket else {"host": config.host, "port": config.port}
-    )
-    uvicorn.run(app, log_level=args.log_level, **where)
-    return 0
+        return subprocess.run(command(config_file, args.log_level), check=False).returncode
+    finally:
+        config_file.unlink(missing_ok=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

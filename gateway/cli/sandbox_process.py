@@ -1,9 +1,11 @@
 """``gearshift serve`` runs the tool sandbox as a child process on a Unix socket.
 
-The sandbox gets the ``sandbox`` section of the configuration (written to a private
-file), a token (the configured one, or a fresh random one), and dies with the gateway
-(PR_SET_PDEATHSIG), even on ``kill -9``. Where it cannot isolate (not root, no
-bubblewrap) it is not started and the gateway says so: tools never run unsandboxed.
+The sandbox (``python -m sandbox``, its own entry point: the gateway imports only the
+sandbox's client, protocol and configuration) gets the ``sandbox`` section of the
+configuration (written to a private file), a token (the configured one, or a fresh random
+one), and dies with the gateway (PR_SET_PDEATHSIG), even on ``kill -9``. Where it cannot
+isolate (not root, no bubblewrap) it refuses to start, says why, and the gateway goes on
+without it: tools never run unsandboxed.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import yaml
 
 from backends.supervisor import die_with_parent
 from gateway.config import Settings
-from sandbox.runtime import RUNTIMES
-from sandbox.runtime.base import RuntimeUnavailable
+from sandbox.config import SandboxConfig
+
+CANNOT_ISOLATE = 3  # python -m sandbox's exit status when it cannot isolate code here
 
 log = logging.getLogger("gearshift")
 
@@ -45,33 +48,38 @@ class SandboxProcess:
                 path.unlink()
 
 
+def write_section(config: SandboxConfig, **override: str) -> Path:
+    """The ``sandbox`` section as a private YAML file (mode 0600: the token is in it)."""
+    section = config.model_dump(mode="json") | override
+    fd, name = tempfile.mkstemp(prefix="gearshift-sandbox-", suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump({"sandbox": section}, f)
+    return Path(name)
+
+
+def command(config_file: Path, log_level: str = "warning") -> list[str]:
+    return [sys.executable, "-m", "sandbox", "--config", str(config_file), "--log-level", log_level]
+
+
 async def start_sandbox(settings: Settings, timeout_s: float = 20.0) -> SandboxProcess | None:
     cfg = settings.sandbox
     if not cfg.enabled:
         return None
-    try:
-        RUNTIMES[cfg.runtime](cfg.uid, cfg.gid).check()
-    except RuntimeUnavailable as exc:
-        log.warning("tool sandbox not started: %s (tools cannot run until it is)", exc)
-        return None
     token = cfg.token.get_secret_value() if cfg.token else secrets.token_urlsafe(32)
     socket = cfg.socket or settings.embedded.home / f"sandbox-{settings.port}.sock"
     socket.parent.mkdir(parents=True, exist_ok=True)
-    section = cfg.model_dump(mode="json") | {"token": token, "socket": str(socket)}
-    fd, name = tempfile.mkstemp(prefix="gearshift-sandbox-", suffix=".yaml")
-    with os.fdopen(fd, "w") as f:  # mode 0600: the token is in it
-        yaml.safe_dump({"sandbox": section}, f)
-    gearshift = Path(sys.executable).with_name("gearshift")
-    proc = await asyncio.create_subprocess_exec(
-        str(gearshift), "--log-level", "warning", "sandbox", "--config", name,
-        preexec_fn=die_with_parent,
-    )  # fmt: skip
-    sandbox = SandboxProcess(proc, socket, token, Path(name))
+    config_file = write_section(cfg, token=token, socket=str(socket))
+    proc = await asyncio.create_subprocess_exec(*command(config_file), preexec_fn=die_with_parent)
+    sandbox = SandboxProcess(proc, socket, token, config_file)
     if await _healthy(socket, proc, timeout_s):
         log.info("tool sandbox ready on unix:%s", socket)
         return sandbox
     await sandbox.stop()
-    log.error("tool sandbox did not start (exit status %s); tools cannot run", proc.returncode)
+    if proc.returncode == CANNOT_ISOLATE:
+        log.warning("tool sandbox not started: it cannot isolate code here (its reason is "
+                    "above); tools cannot run until it can")  # fmt: skip
+    else:
+        log.error("tool sandbox did not start (exit status %s); tools cannot run", proc.returncode)
     return None
 
 

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from gateway.errors import GatewayError, InvalidRequest, MethodNotAllowed, RouteNotFound
-from gateway.http.protocol import describe_errors
+from sandbox.protocol import describe_validation
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def register_exception_handlers(app: FastAPI) -> None:
 
     async def on_validation(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
-        message, param = describe_errors(list(exc.errors()), skip=("body",))
+        message, param = describe_validation(list(exc.errors()), skip=("body",))
         return error_response(InvalidRequest(message, param=param), _request_id(request))
 
     async def on_http(request: Request, exc: Exception) -> Response:

@@ -10,10 +10,11 @@ reordered; unknown top-level fields are logged once per name.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sandbox.protocol import describe_validation
 
 log = logging.getLogger(__name__)
 
@@ -110,35 +111,6 @@ def note_unknown_fields(endpoint: str, body: dict[str, Any], seen: set[str]) -> 
             log.info("forwarding unrecognised %s field %r to vLLM unchanged", endpoint, key)
 
 
-def _is_branch_tag(part: str) -> bool:
-    return part[:1].islower() and ("[" in part or part in {"str", "int", "dict", "list", "bool"})
-
-
 def describe(exc: ValidationError) -> tuple[str, str | None]:
     """One readable sentence for the first validation error, and the offending parameter."""
-    return describe_errors(exc.errors(include_url=False))
-
-
-def describe_errors(errors: Sequence[Any], skip: tuple[str, ...] = ()) -> tuple[str, str | None]:
-    """``describe`` for pydantic's error dicts; ``skip`` drops leading location parts
-    (FastAPI's ``"body"``)."""
-    if not errors:
-        return "invalid request", None
-    first = errors[0]
-    if first["loc"] and _is_branch_tag(str(first["loc"][-1])):
-        # A value no branch of a union accepted: pydantic lists each branch's complaint; the
-        # one that got deepest into the value says what is wrong (content parts whose text
-        # is not a string, rather than "content should be a string").
-        base = first["loc"][:-1]
-        first = max(
-            (e for e in errors if e["loc"][: len(base)] == base), key=lambda e: len(e["loc"])
-        )
-    # Drop pydantic's union-branch tags ('str', 'list[...]') from the path.
-    loc = [str(p) for p in first["loc"] if not _is_branch_tag(str(p)) and p not in skip]
-    param = ".".join(loc) or None
-    got = first.get("input")
-    got_text = (
-        f" (got {type(got).__name__} {str(got)[:60]!r})" if first["type"] != "missing" else ""
-    )
-    where = f"'{param}': " if param else ""
-    return f"{where}{first['msg']}{got_text}", param
+    return describe_validation(exc.errors(include_url=False))

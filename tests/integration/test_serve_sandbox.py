@@ -58,7 +58,7 @@ def test_serve_runs_the_sandbox_and_it_dies_with_the_gateway(tmp_path: Path):
                 out = asyncio.run(_one_call(str(socket)))
                 assert out == "42\n"
                 sandbox_pids = subprocess.run(
-                    ["pgrep", "-f", "gearshift --log-level warning sandbox"],
+                    ["pgrep", "-f", "--", "-m sandbox --config"],
                     capture_output=True,
                     text=True,
                 ).stdout.split()
