@@ -11,6 +11,7 @@ from starlette.requests import Request
 
 from gateway.errors import InvalidRequest, PayloadTooLarge
 from gateway.http.protocol import describe
+from sandbox.protocol import read_limited
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -19,18 +20,7 @@ async def read_json(request: Request, limit: int, *, empty: bytes | None = None)
     """The body as a JSON object. A declared or actual size over ``limit`` is a 413 before
     the rest is read; an empty body is ``empty`` when given (``b"{}"``), else a 400."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(
-            f"request body of {declared} bytes exceeds the limit of {limit} bytes"
-        )
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    raw = b"".join(chunks) or empty
+    raw = await read_limited(request.stream(), limit, declared, PayloadTooLarge) or empty
     if not raw:
         raise InvalidRequest("request body is empty; send a JSON object")
     try:
