@@ -38,6 +38,12 @@ class TierSettings(Section):
     tool_call_parser: str | None = Field(
         default=None, description="the replicas' --tool-call-parser; must match across tiers"
     )
+    family_check: Literal["required", "warn"] = Field(
+        default="required",
+        description="at start-up, a failed same-family check (its /tokenize) that concerns this "
+        "tier stops `serve` (required) or is logged as a warning (warn: e.g. a replica behind "
+        "a proxy that does not pass /tokenize)",
+    )
 
     @field_validator("replicas")
     @classmethod

@@ -1,9 +1,12 @@
 """``gearshift serve``: the gateway, and with no tiers configured the embedded stack under it.
 
 Order of start-up: provision and start the vLLM servers (embedded only), start the gateway
-at once (``/health`` answers, ``/ready`` says not yet), wait for the servers, check that the
-tiers are one model family, then say ``Gearshift ready``. On SIGINT/SIGTERM the gateway
-drains first, then the vLLM servers are stopped.
+at once (``/health`` answers, ``/ready`` says 503 until the checks pass), wait for the servers
+and for a healthy replica in every tier, check that the tiers are one model family, then open
+``/ready`` and say ``Gearshift ready``. A check that fails stops the process with exit code 1
+(or, for a tier with ``family_check: warn``, is logged and skipped); so does a start-up step
+that raises. On SIGINT/SIGTERM, in any phase, the gateway drains (at most 10 s) and stops,
+then the vLLM servers are stopped.
 """
 
 from __future__ import annotations
@@ -12,17 +15,20 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-import aiohttp
+import orjson
 import uvicorn
 from pydantic import SecretStr
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from backends.supervisor import Supervisor, SupervisorError
-from gateway.config import Settings
+from gateway.config import Settings, TierSettings
 from gateway.http.app import create_app
-from gateway.upstream.family_probe import check_replica_family
+from gateway.upstream.family_probe import family_problems
+from router import Tier
 
 log = logging.getLogger("gearshift")
 
@@ -34,6 +40,68 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def serve_until_stopped(self) -> bool:
+        """`serve`; False when uvicorn could not start (it logged why, then ``sys.exit``: a
+        SystemExit out of a task would stop the event loop under the rest of the shutdown)."""
+        try:
+            await self.serve()
+        except SystemExit:
+            return False
+        return True
+
+
+class _StartupGate:
+    """The app, with ``/ready`` held at 503 until `serve`'s start-up checks have passed.
+
+    The app alone answers ``/ready`` from its replicas' health (tests that build it with
+    `create_app` see just that); `serve` owes clients its checks too, so until `open` the
+    answer is 503 with a ``reason``, whatever the replicas say."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.reason: str | None = "the start-up checks have not finished"
+
+    def open(self) -> None:
+        self.reason = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.reason is None or scope["type"] != "http" or scope["path"] != "/ready":
+            await self.app(scope, receive, send)
+            return
+        _, body = await self._answer(scope, receive)  # the replicas' status, for the operator
+        data = orjson.loads(body) if body.startswith(b"{") else {}
+        data.update(ready=False, reason=self.reason)
+        response = Response(orjson.dumps(data), 503, media_type="application/json")
+        await response(scope, receive, send)
+
+    async def app_ready(self) -> bool:
+        """Whether the app alone says ready: every tier has a replica that passed its check."""
+        scope: Scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+            "scheme": "http", "path": "/ready", "raw_path": b"/ready", "root_path": "",
+            "query_string": b"", "headers": [], "client": None, "server": None,
+        }  # fmt: skip
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        status, _ = await self._answer(scope, receive)
+        return status == 200
+
+    async def _answer(self, scope: Scope, receive: Receive) -> tuple[int, bytes]:
+        """The app's answer to the request, kept instead of sent."""
+        status, chunks = 500, []
+
+        async def keep(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+
+        await self.app(scope, receive, keep)
+        return status, b"".join(chunks)
 
 
 async def _start_embedded(settings: Settings) -> tuple[Settings, Supervisor] | None:
@@ -55,7 +123,7 @@ async def _start_embedded(settings: Settings) -> tuple[Settings, Supervisor] | N
     return settings.model_copy(update={"tiers": stack.tiers}), stack.supervisor
 
 
-async def _await_servers(supervisor: Supervisor, serving: asyncio.Task[None]) -> str | None:
+async def _await_servers(supervisor: Supervisor) -> str | None:
     """Wait for every vLLM server; an error message if one failed."""
     last_note: dict[str, int] = {}
 
@@ -64,47 +132,73 @@ async def _await_servers(supervisor: Supervisor, serving: asyncio.Task[None]) ->
             last_note[name] = int(waited) // 15
             log.info("waiting for vLLM %s to load the model (%.0fs)", name, waited)
 
-    waiter = asyncio.create_task(supervisor.wait_ready(note))
-    await asyncio.wait({serving, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    if not waiter.done():
-        waiter.cancel()
-        return None
     try:
-        waiter.result()
+        await supervisor.wait_ready(note)
     except SupervisorError as exc:
         return str(exc)
     return None
 
 
-async def _gateway_ready(settings: Settings, serving: asyncio.Task[None]) -> bool:
-    """Poll our own /ready so 'ready' is only said once a request would succeed."""
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
-    url = f"http://{host}:{settings.port}/ready"
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
-        while not serving.done():
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with session.get(url) as resp:
-                    if resp.status == 200:
-                        return True
-            await asyncio.sleep(0.25)
-    return False
+async def _family_problem(tiers: Mapping[Tier, TierSettings]) -> str | None:
+    """The same-family check: problems a tier may skip are warnings, the others a refusal."""
+    problems = await family_problems(tiers)
+    for p in problems:
+        if not p.required(tiers):
+            log.warning(
+                "same-family check failed, serving anyway (family_check: warn): %s", p.message
+            )
+    required = [p.message for p in problems if p.required(tiers)]
+    if not required:
+        return None
+    return (
+        "refusing to serve: the tiers are not shown to be one model family: "
+        + "; ".join(required)
+        + " (to serve anyway, set tiers.<tier>.family_check: warn)"
+    )
 
 
 async def _startup_problem(
-    settings: Settings, supervisor: Supervisor | None, serving: asyncio.Task[None]
+    settings: Settings, supervisor: Supervisor | None, server: _Server, gate: _StartupGate
 ) -> str | None:
-    if supervisor is not None and (problem := await _await_servers(supervisor, serving)):
+    if supervisor is not None and (problem := await _await_servers(supervisor)):
         return problem
-    if serving.done() or not await _gateway_ready(settings, serving):
-        return None  # the server stopped by itself (a signal, or a bind error it logged)
-    problems = await check_replica_family(settings.tiers)
-    if problems:
-        return "refusing to serve: " + "; ".join(problems)
+    while not server.started:  # listening, the app's lifespan started
+        await asyncio.sleep(0.05)
+    while not await gate.app_ready():  # so 'ready' is only said once a request would succeed
+        await asyncio.sleep(0.25)
+    if problem := await _family_problem(settings.tiers):
+        return problem
+    gate.open()
     log.info(
         "Gearshift ready: OpenAI API at http://%s:%d/v1 (models: auto, %s)",
         settings.host, settings.port, ", ".join(t.model for t in settings.tiers.values()),
     )  # fmt: skip
     return None
+
+
+async def _start_up(
+    settings: Settings,
+    supervisor: Supervisor | None,
+    server: _Server,
+    gate: _StartupGate,
+    serving: asyncio.Task[bool],
+) -> str | None:
+    """The start-up steps, raced against the server: when it stops by itself (a signal, or a
+    bind error it logged) they are cancelled wherever they are; a step that raises is a
+    problem like a failed check, so the server never keeps running after it."""
+    steps = asyncio.create_task(_startup_problem(settings, supervisor, server, gate))
+    try:
+        await asyncio.wait({serving, steps}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not steps.done():
+            steps.cancel()
+            await asyncio.wait({steps})
+    if steps.cancelled():  # by us, the server having stopped; or by something unforeseen
+        return None if serving.done() else "refusing to serve: the start-up steps were cancelled"
+    if (exc := steps.exception()) is not None:
+        log.error("a start-up step failed", exc_info=exc)
+        return f"refusing to serve: a start-up step failed: {type(exc).__name__}: {exc}"
+    return steps.result()
 
 
 async def _store_problem(settings: Settings) -> str | None:
@@ -168,7 +262,8 @@ async def _run(settings: Settings) -> int:
             settings.host,
             settings.port,
         )
-    server = _Server(uvicorn_config(settings, create_app(settings)))
+    gate = _StartupGate(create_app(settings))
+    server = _Server(uvicorn_config(settings, gate))
 
     def on_signal() -> None:  # first signal: drain and stop; second: stop now
         server.force_exit = server.should_exit
@@ -177,18 +272,18 @@ async def _run(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    serving = asyncio.create_task(server.serve())
+    serving = asyncio.create_task(server.serve_until_stopped())
     try:
-        problem = await _startup_problem(settings, supervisor, serving)
+        problem = await _start_up(settings, supervisor, server, gate, serving)
         if problem:
             log.error("%s", problem)
+            gate.reason = f"stopping: {problem}"  # while the server drains
             server.should_exit = True
-        try:
-            await serving
-        except SystemExit:  # uvicorn's way of saying the app failed to start (it logged why)
-            return 1
-        return 1 if problem else 0
+        return 0 if await serving and not problem else 1
     finally:
+        if not serving.done():  # something above raised: never leave the port open
+            server.should_exit = True
+            await asyncio.wait({serving})
         if supervisor is not None:
             await supervisor.stop()
         log.info("Gearshift stopped")
