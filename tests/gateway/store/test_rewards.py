@@ -60,7 +60,7 @@ def test_bad_hook_specs_fail_with_their_name():
     with pytest.raises(ValueError, match=r"package\.module:function"):
         rewards.load_hooks(["nocolon"])
     with pytest.raises(ValueError, match="is not a function"):
-        rewards.load_hooks(["tests.gateway.test_rewards:nothing_here"])
+        rewards.load_hooks(["tests.gateway.store.test_rewards:nothing_here"])
 
 
 async def test_serve_refuses_a_bad_hook(tmp_path):
@@ -73,7 +73,7 @@ def test_hooks_add_components_and_a_failing_hook_loses_nothing(tmp_path):
     upgrade(url)
     engine = make_engine(url)
     hooks = rewards.load_hooks(
-        ["tests.gateway.test_rewards:plan_hook", "tests.gateway.test_rewards:broken_hook"]
+        ["tests.gateway.store.test_rewards:plan_hook", "tests.gateway.store.test_rewards:broken_hook"]
     )
     rec = StepRecord(
         step_ids=[uuid.uuid4().hex], request_id="r", tenant="t", api_key="k", endpoint="chat",
