@@ -60,7 +60,8 @@ def answer(
             "request %s: upstream answered 200 with a body that is not a JSON object", request_id
         )
         return Answer(200, result.body)
-    choices = [c for c in data.get("choices") or () if isinstance(c, dict)]
+    listed = data.get("choices")
+    choices = [c for c in listed if isinstance(c, dict)] if isinstance(listed, list) else []
     usage = data.get("usage")
     if not isinstance(usage, dict):
         usage = {}

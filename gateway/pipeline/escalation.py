@@ -25,17 +25,21 @@ def problem(body: dict[str, Any], data: Any) -> tuple[str, str] | None:
     client_limit = (
         body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None
     )
-    for c in data.get("choices") or ():
+    choices = data.get("choices")
+    for c in choices if isinstance(choices, list) else ():
         if not isinstance(c, dict):
             continue
         message = c.get("message") or {}
-        calls = message.get("tool_calls") or [] if isinstance(message, dict) else []
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        calls = calls if isinstance(calls, list) else []
         if c.get("finish_reason") == "length" and not client_limit:
             return "truncated", "the answer was cut by the token limit"
         if forced and not calls:
             return "no_tool_call", "a tool call was required and none came"
         for call in calls:
-            fn = call.get("function") or {} if isinstance(call, dict) else {}
+            fn = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(fn, dict):
+                return "invalid_tool_call", "a tool call has no function object"
             why = check_call(str(fn.get("name") or ""), str(fn.get("arguments") or ""), schemas)
             if why is not None and schemas:
                 return "invalid_tool_call", why

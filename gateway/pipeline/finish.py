@@ -48,7 +48,7 @@ class Finish:
         answers = outcome.answers if outcome.status == 200 else None
         self.sessions.finish(
             outcome.identity.tenant, keys, outcome.tier,
-            escalated=outcome.served.escalated is not None, failed=outcome.status >= 500,
+            escalated=outcome.served.escalated is not None, failed=outcome.failed,
             anchor=anchor(outcome),
             continuations=continuation_keys(keys.history, answers) if answers else (),
         )  # fmt: skip

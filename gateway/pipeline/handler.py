@@ -153,6 +153,7 @@ class CompletionPipeline:
         services = self.services
         if (
             attempts.tier is not Tier.FAST
+            or attempts.fallback  # the full tier just failed: the fast answer is the one
             or result.status != 200
             or not services.settings.router.escalate
             or Tier.FULL not in services.pools

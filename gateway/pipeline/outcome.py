@@ -85,6 +85,11 @@ class Outcome:
         return self.served.tier
 
     @property
+    def failed(self) -> bool:
+        """The tier failed the request: a 5xx, or a stream it cut after the first byte."""
+        return self.status >= 500 or (self.stream_error is not None and not self.client_gone)
+
+    @property
     def route_reason(self) -> str:
         return route_reason(self.routing, self.served)
 

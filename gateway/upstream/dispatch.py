@@ -166,6 +166,9 @@ class Dispatcher:
             final = attempt == tries - 1
             try:
                 result = await self._attempt(attempts, replica, path, payload, stream)
+            except asyncio.CancelledError:  # the client left: no verdict on the replica
+                replica.breaker.release()
+                raise
             except UpstreamTimeout:
                 replica.breaker.record_failure()
                 self._metrics.upstream_errors.labels(pool.tier, "timeout").inc()
@@ -176,7 +179,7 @@ class Dispatcher:
                 last = exc
                 if not final:
                     self._metrics.retries.labels(pool.tier, "connect").inc()
-                    await self._sleep(self._backoff(attempt))
+                    await self._wait(attempts, self._backoff(attempt))
                 continue
             if isinstance(result, OpenStream) or result.status < 429 or 429 < result.status < 500:
                 replica.breaker.record_success()
@@ -198,7 +201,7 @@ class Dispatcher:
                 if final or wait > self._retries.max_retry_after_s:
                     raise last
                 self._metrics.retries.labels(pool.tier, "429").inc()
-                await self._sleep(wait)
+                await self._wait(attempts, wait)
                 continue
             replica.breaker.record_failure()
             self._metrics.upstream_errors.labels(pool.tier, "5xx").inc()
@@ -207,8 +210,17 @@ class Dispatcher:
             )
             if not final:
                 self._metrics.retries.labels(pool.tier, "5xx").inc()
-                await self._sleep(self._backoff(attempt))
+                await self._wait(attempts, self._backoff(attempt))
         raise last
+
+    async def _wait(self, attempts: Attempts, seconds: float) -> None:
+        """Back off before the next attempt; the wait is the replicas', not the gateway's
+        (it counts in ``upstream_s``, so overhead figures exclude it)."""
+        started = time.perf_counter()
+        try:
+            await self._sleep(seconds)
+        finally:
+            attempts.upstream_s += time.perf_counter() - started
 
     async def _attempt(
         self, attempts: Attempts, replica: Replica, path: str, payload: bytes, stream: bool

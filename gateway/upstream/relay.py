@@ -150,6 +150,7 @@ class StreamRelay:
             log.warning(
                 "stream %s failed after its first byte: %s", self._request_id, failure.message
             )
+            s.replica.breaker.record_failure()  # dispatch counted a success at the first event
             await send(
                 {"type": "http.response.body", "body": error_event(failure), "more_body": False}
             )

@@ -22,6 +22,8 @@ def translated(url: str) -> Iterator[None]:
     """Translate aiohttp/OS failures talking to ``url`` into the gateway's exception tree."""
     try:
         yield
+    except aiohttp.ConnectionTimeoutError as exc:  # never reached the replica: try another
+        raise UpstreamUnreachable(f"replica {url} did not accept a connection in time") from exc
     except TimeoutError as exc:
         raise UpstreamTimeout(f"replica {url} did not answer in time") from exc
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
