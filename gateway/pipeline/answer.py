@@ -68,7 +68,7 @@ def answer(
     model = data.get("model") if isinstance(data.get("model"), str) else None
     captured, body = None, result.body
     if wants is not None:
-        captured = Captured(data.get("prompt_token_ids"), capture.choices_of(data, endpoint), model)
+        captured = Captured(_prompt_ids(data, choices), capture.choices_of(data, endpoint), model)
         if not (wants.logprobs and wants.token_ids):
             capture.strip(data, wants)
             body = orjson.dumps(data)
@@ -77,6 +77,15 @@ def answer(
         tuple(c.get("finish_reason") or "" for c in choices), model, captured,
         tuple(c.get("message") for c in choices) if chain else None,
     )  # fmt: skip
+
+
+def _prompt_ids(data: dict[str, Any], choices: list[dict[str, Any]]) -> list[int] | None:
+    """The prompt's token ids: at the top of a chat answer, in each choice of a completion
+    (a batch of prompts has one set per prompt; the step records the first)."""
+    ids = data.get("prompt_token_ids")
+    if ids is None and choices:
+        ids = choices[0].get("prompt_token_ids")
+    return ids if isinstance(ids, list) else None
 
 
 def stream_capture(endpoint: Endpoint, wants: Wants | None, chain: bool) -> StreamCapture | None:

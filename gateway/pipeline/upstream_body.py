@@ -48,5 +48,9 @@ def build_upstream_request(parsed: ParsedRequest, *, capture: bool) -> UpstreamR
     strip_usage = stream and not (isinstance(options, dict) and options.get("include_usage"))
     if strip_usage:
         body["stream_options"] = {**(options or {}), "include_usage": True}
+        if body["stream_options"].get("continuous_usage_stats"):
+            # without include_usage vLLM sends no usage at all; with it, continuous stats
+            # would put usage in every chunk the client gets: ask for the final one alone
+            body["stream_options"]["continuous_usage_stats"] = False
     wants = prepare(parsed.identity.endpoint, body) if capture else None
     return UpstreamRequest(PATHS[parsed.identity.endpoint], body, stream, wants, strip_usage)

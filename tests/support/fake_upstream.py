@@ -132,14 +132,14 @@ class FakeUpstream:
                     if b.message and b.message.get("tool_calls")
                     else "stop",
                     "logprobs": fake_logprobs(4) if body.get("logprobs") else None,
-                    **({"token_ids": fake_ids(i, 4)} if body.get("return_token_ids") else {}),
+                    # like vLLM, the keys are there either way (null when not asked for)
+                    "token_ids": fake_ids(i, 4) if body.get("return_token_ids") else None,
                 }
                 for i in range(n)
             ],
             "usage": {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11},
         }
-        if body.get("return_token_ids"):
-            data["prompt_token_ids"] = list(range(1, 8))
+        data["prompt_token_ids"] = list(range(1, 8)) if body.get("return_token_ids") else None
         return data
 
     def _chunk(

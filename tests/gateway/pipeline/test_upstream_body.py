@@ -36,16 +36,25 @@ def test_a_stream_asks_for_usage_and_strips_it_again():
 
 
 def test_stream_options_of_the_client_are_kept_beside_include_usage():
-    body = {
-        "model": "auto",
-        "messages": MESSAGES,
-        "stream": True,
-        "stream_options": {"continuous_usage_stats": True},
-    }
+    body = {"model": "auto", "messages": MESSAGES, "stream": True,
+            "stream_options": {"include_obfuscation": False}}  # fmt: skip
     up = build_upstream_request(parsed(body), capture=False)
     assert up.strip_usage
     assert orjson.loads(up.payload("m"))["stream_options"] == {
-        "continuous_usage_stats": True,
+        "include_obfuscation": False,
+        "include_usage": True,
+    }
+
+
+def test_continuous_usage_without_include_usage_asks_only_for_the_final_usage():
+    # vLLM sends continuous usage only with include_usage: the client that sent it alone
+    # gets no usage, so the gateway's own usage chunk must stay the only one (and is dropped)
+    body = {"model": "auto", "messages": MESSAGES, "stream": True,
+            "stream_options": {"continuous_usage_stats": True}}  # fmt: skip
+    up = build_upstream_request(parsed(body), capture=False)
+    assert up.strip_usage
+    assert orjson.loads(up.payload("m"))["stream_options"] == {
+        "continuous_usage_stats": False,
         "include_usage": True,
     }
 
