@@ -68,7 +68,7 @@ class SamplingFields(OpenAIModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Annotated[int, Field(ge=1, le=128)] | None = None
-    max_tokens: Annotated[int, Field(ge=0)] | None = None  # 0: a completions echo alone
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     seed: int | None = None
@@ -92,6 +92,7 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: Annotated[int, Field(ge=0)] | None = None  # 0 with echo: the prompt alone
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     echo: bool | None = None
     suffix: str | None = None

@@ -90,10 +90,14 @@ class Boom:
 def test_a_failing_policy_sends_the_request_to_full_not_to_an_error(make_stack):
     from router.policy import _REGISTRY, register
 
-    if "boom" not in _REGISTRY:
-        register("boom")(lambda params: Boom())
-    stack = make_stack([FakeUpstream("full")], [FakeUpstream("fast")], router={"policy": "boom"})
-    r = post(stack, "hello")
+    register("boom")(lambda params: Boom())
+    try:  # a policy of this test's own: gone again after it
+        stack = make_stack(
+            [FakeUpstream("full")], [FakeUpstream("fast")], router={"policy": "boom"}
+        )
+        r = post(stack, "hello")
+    finally:
+        _REGISTRY.pop("boom", None)
     assert r.status_code == 200
     assert r.headers["x-gearshift-tier"] == "full"
     assert r.headers["x-gearshift-route-reason"] == "policy error (RuntimeError): full tier"

@@ -58,7 +58,8 @@ def test_serve_runs_the_sandbox_and_it_dies_with_the_gateway(tmp_path: Path):
                 out = asyncio.run(_one_call(str(socket)))
                 assert out == "42\n"
                 sandbox_pids = subprocess.run(
-                    ["pgrep", "-f", "--", "-m sandbox --config"],
+                    # this gateway's own child (other gateways may run sandboxes meanwhile)
+                    ["pgrep", "-P", str(proc.pid), "-f", "--", "-m sandbox --config"],
                     capture_output=True,
                     text=True,
                 ).stdout.split()

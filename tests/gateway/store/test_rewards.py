@@ -73,7 +73,10 @@ def test_hooks_add_components_and_a_failing_hook_loses_nothing(tmp_path):
     upgrade(url)
     engine = make_engine(url)
     hooks = rewards.load_hooks(
-        ["tests.gateway.store.test_rewards:plan_hook", "tests.gateway.store.test_rewards:broken_hook"]
+        [
+            "tests.gateway.store.test_rewards:plan_hook",
+            "tests.gateway.store.test_rewards:broken_hook",
+        ]
     )
     rec = StepRecord(
         step_ids=[uuid.uuid4().hex], request_id="r", tenant="t", api_key="k", endpoint="chat",
