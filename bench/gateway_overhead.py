@@ -1,112 +1,84 @@
 """Gateway overhead: Gearshift vs LiteLLM vs the bare upstream, in one run.
 
 A fast mock upstream (bench.mock_upstream) answers every proxy. Each proxy runs
-alone on core 0; the mock and the load generator share core 1. For non-stream
-requests and 20-chunk streams, at concurrency 1, 16 and 64, it measures:
-CPU-ms per request of the proxy's process tree, p50/p99 latency, and
-requests/s. Added latency is the proxy's p50 minus the bare upstream's p50 at
-the same concurrency; saturated throughput is the concurrency-64 figure.
+alone on core 0; the mock and the load generator share core 1. Two request bodies:
+``chat`` (two short messages) and ``agent`` (bench.agent_body: 30 messages of a tool
+loop, 8 tools, about 39 KB). Proxies (bench.proxies): Gearshift in its light
+configuration (``gearshift``: keys and router, recording and sandbox off; chat body),
+Gearshift as an operator runs it (``gearshift_op``: keys, router, recording to SQLite,
+sandbox enabled; both bodies) and LiteLLM (both bodies). For non-stream requests and
+20-chunk streams, at concurrency 1, 16 and 64, it measures: CPU-ms per request of the
+proxy's process tree, p50/p99/max latency, and requests/s. Added latency is the proxy's
+figure minus the bare upstream's for the same body at concurrency 1; saturated
+throughput and CPU are the concurrency-64 figures; a stall is the slowest single request
+at concurrency 1 minus the bare upstream's p50 for that body. After each of its cells the
+recording gateway is given the time its writer needs to commit every step (its recorder's
+counts on /metrics): that CPU counts for the cell, and the requests/s it sustains include
+that time (``sustained_rps``).
 
-    python -m bench.gateway_overhead [--quick] [--no-litellm]
+    python -m bench.gateway_overhead [--quick] [--no-litellm] [--plot FILE]
 
-LiteLLM (litellm[proxy], pinned below) is installed on first use into its own
-virtualenv under $GEARSHIFT_HOME. The last line printed is one JSON object.
+The last line printed is one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
-import secrets
+import math
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import orjson
+
+from bench.agent_body import agent_body
 from bench.procs import pinned, start, stop, tree_cpu_seconds, wait_http
+from bench.proxies import (
+    CLIENT_CORE,
+    GEARSHIFT_CORE,
+    Target,
+    drain,
+    free_port,
+    recorder_done,
+    sandbox_state,
+    start_gearshift,
+    start_litellm,
+)
 
-LITELLM_VERSION = "1.108.7"
-GEARSHIFT_CORE, CLIENT_CORE = 0, 1
+__all__ = ["CLIENT_CORE", "GEARSHIFT_CORE", "Target", "free_port", "loadgen"]
+
 CONCURRENCY = (1, 16, 64)
 MODES = ("plain", "stream")
-KEY = "sk-bench-" + secrets.token_hex(16)
-HOME = Path(os.environ.get("GEARSHIFT_HOME", Path.home() / ".cache" / "gearshift"))
-
-
-@dataclass
-class Target:
-    name: str
-    url: str  # chat completions URL
-    model: str
-    proc: subprocess.Popen[bytes] | None  # None: the bare upstream (no proxy process)
-    key: str = "unused"
-    log: Path | None = None
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def ensure_litellm() -> Path:
-    venv = HOME / "bench-litellm"
-    exe = venv / "bin" / "litellm"
-    stamp = venv / ".gearshift-stamp"
-    if exe.exists() and stamp.exists() and stamp.read_text() == LITELLM_VERSION:
-        return exe
-    print(
-        f"installing litellm[proxy]=={LITELLM_VERSION} into {venv} (once, a few minutes)",
-        flush=True,
-    )
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run(
-        [
-            str(venv / "bin" / "pip"),
-            "install",
-            "--progress-bar",
-            "on",
-            f"litellm[proxy]=={LITELLM_VERSION}",
-        ],
-        check=True,
-    )
-    stamp.write_text(LITELLM_VERSION)
-    return exe
+BODIES = ("chat", "agent")
+PLAN = {"upstream": BODIES, "gearshift": ("chat",), "gearshift_op": BODIES, "litellm": BODIES}
+TARGETS = {"cpu_ratio_vs_litellm": 0.1, "added_p99_ms": 2.0, "max_stall_ms": 20.0}
+Cells = dict[str, dict[str, dict[str, dict[int, dict[str, float]]]]]  # name, body, mode, c
 
 
 def loadgen(
-    target: Target, mode: str, concurrency: int, requests: int, max_s: float
+    target: Target,
+    mode: str,
+    concurrency: int,
+    requests: int,
+    max_s: float,
+    body: Path | None = None,
 ) -> dict[str, float]:
-    argv = pinned(
-        [
-            sys.executable,
-            "-m",
-            "bench.loadgen",
-            target.url,
-            "--model",
-            target.model,
-            "--mode",
-            mode,
-            "--concurrency",
-            str(concurrency),
-            "--requests",
-            str(requests),
-            "--max-seconds",
-            str(max_s),
-            "--key",
-            target.key,
-        ],
-        CLIENT_CORE,
-    )
+    argv = [sys.executable, "-m", "bench.loadgen", target.url, "--model", target.model,
+            "--mode", mode, "--concurrency", str(concurrency), "--requests", str(requests),
+            "--max-seconds", str(max_s), "--key", target.key]  # fmt: skip
+    if body is not None:
+        argv += ["--body", str(body)]
+    recorded = recorder_done(target.metrics) if target.metrics else 0.0
     cpu0 = tree_cpu_seconds(target.proc.pid) if target.proc else 0.0
-    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(pinned(argv, CLIENT_CORE), capture_output=True, text=True, check=True)
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    drained = drain(target, recorded + result["completed"])  # a step per answer
     cpu1 = tree_cpu_seconds(target.proc.pid) if target.proc else 0.0
-    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    result["drain_s"] = drained if target.metrics else 0.0
+    result["sustained_rps"] = result["completed"] / (result["seconds"] + result["drain_s"])
     if result["errors"] and not result["completed"]:
         tail = target.log.read_text()[-3000:] if target.log else ""
         raise RuntimeError(f"{target.name}: every request failed; its log ends:\n{tail}")
@@ -115,149 +87,143 @@ def loadgen(
     return result
 
 
-def start_targets(tmp: Path, mock_url: str, with_litellm: bool) -> list[Target]:
-    targets = [Target("upstream", mock_url + "/v1/chat/completions", "mock", None)]
-    port = free_port()
-    config = tmp / "gearshift.yaml"
-    # Both proxies authenticate every request with an API key, as in production.
-    config.write_text(
-        f"port: {port}\n"
-        f"auth: {{mode: keys, keys: [{{name: bench, tenant: bench, sha256: '{hashlib.sha256(KEY.encode()).hexdigest()}'}}]}}\n"
-        f"tiers:\n  full: {{model: mock-full, replicas: ['{mock_url}']}}\n"
-        f"  fast: {{model: mock-fast, replicas: ['{mock_url}']}}\n"
-        # Like for like with LiteLLM, which records nothing here; recording's own cost is
-        # measured by bench.recorder.
-        "store: {enabled: false}\n"
-        "sandbox: {enabled: false}\n"
-    )
-    gearshift = Path(sys.executable).with_name("gearshift")
-    log = tmp / "gearshift.log"
-    proc = start(
-        pinned(
-            [str(gearshift), "--log-level", "warning", "serve", "--config", str(config)],
-            GEARSHIFT_CORE,
-        ),
-        log,
-    )
-    wait_http(f"http://127.0.0.1:{port}/ready", proc, log)
-    targets.append(
-        Target("gearshift", f"http://127.0.0.1:{port}/v1/chat/completions", "auto", proc, KEY, log)
-    )
-    if with_litellm:
-        exe = ensure_litellm()
-        port = free_port()
-        cfg = tmp / "litellm.yaml"
-        cfg.write_text(
-            "model_list:\n  - model_name: auto\n    litellm_params:\n"
-            f"      model: openai/mock\n      api_base: {mock_url}/v1\n      api_key: sk-mock\n"
-            "litellm_settings:\n  telemetry: false\n"
-            f"general_settings:\n  master_key: {KEY}\n"
-        )
-        env = {
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            "LITELLM_LOG": "ERROR",
-            "LITELLM_TELEMETRY": "False",
-        }
-        log = tmp / "litellm.log"
-        proc = start(
-            pinned(
-                [
-                    str(exe),
-                    "--config",
-                    str(cfg),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--num_workers",
-                    "1",
-                ],
-                GEARSHIFT_CORE,
-            ),
-            log,
-            env,
-        )
-        wait_http(f"http://127.0.0.1:{port}/health/liveliness", proc, log, timeout_s=300)
-        targets.append(
-            Target(
-                "litellm", f"http://127.0.0.1:{port}/v1/chat/completions", "auto", proc, KEY, log
-            )
-        )
-    return targets
+def cell_size(mode: str, concurrency: int, quick: bool) -> tuple[int, float]:
+    """Requests and time limit of one cell. Concurrency 1 runs long enough to meet what
+    recurs every few hundred requests (store commits, the token estimate's refit)."""
+    if concurrency > 1:
+        return (160, 10) if quick else (2000, 30)
+    if quick:
+        return (40, 10) if mode == "plain" else (20, 10)
+    return (1000, 30) if mode == "plain" else (400, 30)
 
 
-def measure(
-    targets: list[Target], quick: bool
-) -> dict[str, dict[str, dict[int, dict[str, float]]]]:
-    results: dict[str, dict[str, dict[int, dict[str, float]]]] = {}
+def measure(targets: list[Target], bodies: dict[str, Path | None], quick: bool) -> Cells:
+    cells: Cells = {}
     for target in targets:
-        loadgen(target, "plain", 8, 100, 30)  # warm-up: connections, caches, lazy imports
-        loadgen(target, "stream", 8, 50, 30)
-        for mode in MODES:
-            for c in CONCURRENCY:
-                n = (100 if c == 1 else 400) if quick else (300 if c == 1 else 2000)
-                r = loadgen(target, mode, c, n, 15 if quick else 40)
-                results.setdefault(target.name, {}).setdefault(mode, {})[c] = r
-                print(
-                    f"{target.name:9s} {mode:6s} c={c:<3d} {r['completed']:5.0f} req {r['rps']:8.1f} req/s "
-                    f"p50 {r['p50_ms']:7.2f} ms p99 {r['p99_ms']:7.2f} ms cpu {r['cpu_ms_per_req']:6.3f} ms/req "
-                    f"errors {r['errors']:.0f}",
-                    flush=True,
-                )
-    return results
+        for name in PLAN[target.name]:
+            body = bodies[name]
+            # warm-up: connections, caches, lazy imports
+            loadgen(target, "plain", 8, 24 if quick else 100, 30, body)
+            loadgen(target, "stream", 8, 16 if quick else 50, 30, body)
+            for mode in MODES:
+                for c in CONCURRENCY:
+                    r = loadgen(target, mode, c, *cell_size(mode, c, quick), body)
+                    cells.setdefault(target.name, {}).setdefault(name, {}).setdefault(mode, {})
+                    cells[target.name][name][mode][c] = r
+                    print(
+                        f"{target.name:12s} {name:5s} {mode:6s} c={c:<3d} {r['completed']:5.0f} req "
+                        f"{r['rps']:8.1f} req/s p50 {r['p50_ms']:7.2f} ms p99 {r['p99_ms']:7.2f} ms "
+                        f"max {r['max_ms']:7.2f} ms cpu {r['cpu_ms_per_req']:6.3f} ms/req "
+                        f"errors {r['errors']:.0f}" + _drained(r),
+                        flush=True,
+                    )
+    return cells
 
 
-def summarize(results: dict[str, dict[str, dict[int, dict[str, float]]]]) -> dict[str, object]:
-    up, gs, ll = results["upstream"], results["gearshift"], results.get("litellm")
+def _drained(r: dict[str, float]) -> str:
+    if not r["drain_s"]:
+        return ""
+    return f" recorder done {r['drain_s']:.1f} s later ({r['sustained_rps']:.1f} req/s sustained)"
+
+
+def _r(value: float, digits: int = 3) -> float | None:
+    return None if math.isnan(value) else round(value, digits)
+
+
+def light_summary(cells: Cells, mode: str) -> dict[str, float | None]:
+    """The light configuration against LiteLLM, chat body (the keys of earlier runs)."""
+    p, sat = ("" if mode == "plain" else "stream_"), max(CONCURRENCY)
+    up, gs = cells["upstream"]["chat"][mode], cells["gearshift"]["chat"][mode]
+    out = {
+        f"{p}cpu_ms_per_req": _r(gs[sat]["cpu_ms_per_req"]),
+        f"{p}added_p50_ms": _r(gs[1]["p50_ms"] - up[1]["p50_ms"]),
+        f"{p}added_p99_ms": _r(gs[1]["p99_ms"] - up[1]["p99_ms"]),
+        f"{p}rps": _r(gs[sat]["rps"], 1),
+    }
+    if "litellm" in cells:
+        ll = cells["litellm"]["chat"][mode]
+        out |= {
+            f"{p}litellm_cpu_ms_per_req": _r(ll[sat]["cpu_ms_per_req"]),
+            f"{p}litellm_added_p50_ms": _r(ll[1]["p50_ms"] - up[1]["p50_ms"]),
+            f"{p}litellm_rps": _r(ll[sat]["rps"], 1),
+            f"{p}cpu_ratio_vs_litellm": _r(gs[sat]["cpu_ms_per_req"] / ll[sat]["cpu_ms_per_req"], 4),
+            f"{p}rps_ratio_vs_litellm": _r(gs[sat]["rps"] / ll[sat]["rps"], 2),
+        }  # fmt: skip
+    return out
+
+
+def operator_summary(cells: Cells, mode: str) -> dict[str, float | None]:
+    """Gearshift as operators run it (recording on): ``_recording`` is the chat body,
+    ``_agent_body`` the agent body; ratios against LiteLLM on the same body."""
+    p, sat = ("" if mode == "plain" else "stream_"), max(CONCURRENCY)
+    out: dict[str, float | None] = {}
+    stalls = []
+    for body, suffix in (("chat", "recording"), ("agent", "agent_body")):
+        up, op = cells["upstream"][body][mode], cells["gearshift_op"][body][mode]
+        out |= {
+            f"{p}cpu_ms_per_req_{suffix}": _r(op[sat]["cpu_ms_per_req"]),
+            f"{p}added_p50_ms_{suffix}": _r(op[1]["p50_ms"] - up[1]["p50_ms"]),
+            f"{p}added_p99_ms_{suffix}": _r(op[1]["p99_ms"] - up[1]["p99_ms"]),
+            f"{p}rps_{suffix}": _r(op[sat]["rps"], 1),
+            f"{p}sustained_rps_{suffix}": _r(op[sat]["sustained_rps"], 1),
+            f"{p}recorder_drain_s_{suffix}": _r(op[sat]["drain_s"], 1),
+        }
+        stalls.append(op[1]["max_ms"] - up[1]["p50_ms"])
+        if "litellm" in cells:
+            ll = cells["litellm"][body][mode]
+            out[f"{p}litellm_cpu_ms_per_req_{suffix}"] = _r(ll[sat]["cpu_ms_per_req"])
+            out[f"{p}litellm_added_p50_ms_{suffix}"] = _r(ll[1]["p50_ms"] - up[1]["p50_ms"])
+            ratio = op[sat]["cpu_ms_per_req"] / ll[sat]["cpu_ms_per_req"]
+            out[f"{p}cpu_ratio_vs_litellm_{suffix}"] = _r(ratio, 4)
+    out[f"{p}max_stall_ms"] = _r(max(stalls))
+    return out
+
+
+def summarize(cells: Cells, sandbox: str) -> dict[str, object]:
     summary: dict[str, object] = {}
     for mode in MODES:
-        prefix = "" if mode == "plain" else "stream_"
-        sat = max(CONCURRENCY)
-        summary[f"{prefix}cpu_ms_per_req"] = round(gs[mode][sat]["cpu_ms_per_req"], 3)
-        summary[f"{prefix}added_p50_ms"] = round(gs[mode][1]["p50_ms"] - up[mode][1]["p50_ms"], 3)
-        summary[f"{prefix}added_p99_ms"] = round(gs[mode][1]["p99_ms"] - up[mode][1]["p99_ms"], 3)
-        summary[f"{prefix}rps"] = round(gs[mode][sat]["rps"], 1)
-        if ll is not None:
-            summary[f"{prefix}litellm_cpu_ms_per_req"] = round(ll[mode][sat]["cpu_ms_per_req"], 3)
-            summary[f"{prefix}litellm_added_p50_ms"] = round(
-                ll[mode][1]["p50_ms"] - up[mode][1]["p50_ms"], 3
-            )
-            summary[f"{prefix}litellm_rps"] = round(ll[mode][sat]["rps"], 1)
-            summary[f"{prefix}cpu_ratio_vs_litellm"] = round(
-                gs[mode][sat]["cpu_ms_per_req"] / ll[mode][sat]["cpu_ms_per_req"], 4
-            )
-            summary[f"{prefix}rps_ratio_vs_litellm"] = round(
-                gs[mode][sat]["rps"] / ll[mode][sat]["rps"], 2
-            )
+        summary |= light_summary(cells, mode) | operator_summary(cells, mode)
     summary["cpu_ms_per_req_by_concurrency"] = {
-        name: {
-            mode: {c: round(r["cpu_ms_per_req"], 3) for c, r in by_c.items()}
+        name if body == "chat" else f"{name}/{body}": {
+            mode: {c: _r(r["cpu_ms_per_req"]) for c, r in by_c.items()}
             for mode, by_c in modes.items()
         }
-        for name, modes in results.items()
+        for name, by_body in cells.items()
         if name != "upstream"
+        for body, modes in by_body.items()
     }
+    summary["errors"] = {
+        name: sum(r["errors"] for modes in by_body.values() for by_c in modes.values()
+                  for r in by_c.values())
+        for name, by_body in cells.items()
+    }  # fmt: skip
+    summary["sandbox"] = sandbox
+    summary["agent_body_bytes"] = len(orjson.dumps(agent_body()))
+    summary["targets"] = TARGETS
     summary["note"] = "CPU-only machine; absolute times are indicative, ratios are the result"
     return summary
 
 
-def plot(results: dict[str, dict[str, dict[int, dict[str, float]]]], path: Path) -> None:
+def _lines(axes: Any, col: int, label: str, by_c: dict[int, dict[str, float]]) -> None:
+    style = "--" if "agent" in label else "-"
+    xs = list(by_c)
+    if not label.startswith("upstream"):
+        axes[0][col].plot(xs, [by_c[c]["cpu_ms_per_req"] for c in xs], "o" + style, label=label)
+    axes[1][col].plot(xs, [by_c[c]["rps"] for c in xs], "^" + style, label=label)
+
+
+def plot(cells: Cells, path: Path) -> None:
     """CPU per request and throughput by concurrency, one panel pair per mode (needs matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7), constrained_layout=True)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8), constrained_layout=True)
     for col, mode in enumerate(MODES):
-        for name, style in (("gearshift", "o-"), ("litellm", "s--"), ("upstream", "^:")):
-            if name not in results:
-                continue
-            by_c = results[name][mode]
-            xs = list(by_c)
-            if name != "upstream":
-                axes[0][col].plot(xs, [by_c[c]["cpu_ms_per_req"] for c in xs], style, label=name)
-            axes[1][col].plot(xs, [by_c[c]["rps"] for c in xs], style, label=name)
+        for name, by_body in cells.items():
+            for body, modes in by_body.items():
+                _lines(axes, col, f"{name} ({body})", modes[mode])
         title = "non-stream" if mode == "plain" else "stream (20 chunks)"
         axes[0][col].set(
             title=f"{title}: proxy CPU per request", ylabel="CPU-ms / request", yscale="log"
@@ -269,10 +235,39 @@ def plot(results: dict[str, dict[str, dict[int, dict[str, float]]]], path: Path)
             ax.set(xscale="log", xlabel="concurrency", xticks=list(CONCURRENCY))
             ax.set_xticklabels([str(c) for c in CONCURRENCY])
             ax.grid(alpha=0.3)
-            ax.legend()
+            ax.legend(fontsize=7)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     print(f"plot written to {path}")
+
+
+def start_targets(tmp: Path, mock_url: str, with_litellm: bool) -> list[Target]:
+    targets = [Target("upstream", mock_url + "/v1/chat/completions", "mock", None)]
+    targets.append(start_gearshift(tmp, mock_url, "gearshift", operator=False))
+    targets.append(start_gearshift(tmp, mock_url, "gearshift_op", operator=True))
+    if with_litellm:
+        targets.append(start_litellm(tmp, mock_url))
+    return targets
+
+
+def run(tmp: Path, with_litellm: bool, quick: bool) -> tuple[Cells, str]:
+    agent = tmp / "agent.json"
+    agent.write_bytes(orjson.dumps(agent_body()))
+    mock_port, mock_log = free_port(), tmp / "mock.log"
+    argv = [sys.executable, "-m", "bench.mock_upstream", "--port", str(mock_port)]
+    mock = start(pinned(argv, CLIENT_CORE), mock_log)
+    targets: list[Target] = []
+    try:
+        wait_http(f"http://127.0.0.1:{mock_port}/health", mock, mock_log)
+        targets = start_targets(tmp, f"http://127.0.0.1:{mock_port}", with_litellm)
+        sandbox = sandbox_state(targets[2])
+        print(f"gearshift_op: sandbox {sandbox}", flush=True)
+        return measure(targets, {"chat": None, "agent": agent}, quick), sandbox
+    finally:
+        for t in targets:
+            if t.proc is not None:
+                stop(t.proc)
+        stop(mock)
 
 
 def main() -> None:
@@ -288,28 +283,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gearshift-bench-") as tmpdir:
-        tmp = Path(tmpdir)
-        mock_port = free_port()
-        mock_log = tmp / "mock.log"
-        mock = start(
-            pinned(
-                [sys.executable, "-m", "bench.mock_upstream", "--port", str(mock_port)], CLIENT_CORE
-            ),
-            mock_log,
-        )
-        targets: list[Target] = []
-        try:
-            wait_http(f"http://127.0.0.1:{mock_port}/health", mock, mock_log)
-            targets = start_targets(tmp, f"http://127.0.0.1:{mock_port}", not args.no_litellm)
-            results = measure(targets, args.quick)
-        finally:
-            for t in targets:
-                if t.proc is not None:
-                    stop(t.proc)
-            stop(mock)
+        cells, sandbox = run(Path(tmpdir), not args.no_litellm, args.quick)
     if args.plot:
-        plot(results, args.plot)
-    print(json.dumps(summarize(results)))
+        plot(cells, args.plot)
+    print(json.dumps(summarize(cells, sandbox)))
 
 
 if __name__ == "__main__":

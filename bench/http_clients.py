@@ -1,6 +1,6 @@
 """Upstream HTTP client choice: CPU per request of aiohttp vs httpx against the mock upstream.
 
-    python -m bench.http_clients [--requests N]
+    python -m bench.http_clients [--requests N] [--quick]
 
 Both clients send the same chat request over a pooled keep-alive connection
 (concurrency 8) and read the whole answer; CPU time is the process's own
@@ -60,7 +60,10 @@ def measure(fn, url: str, payload: bytes, n: int) -> float:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--requests", type=int, default=4000)
+    p.add_argument("--quick", action="store_true", help="400 requests: a smoke run")
     args = p.parse_args()
+    if args.quick:
+        args.requests = 400
     import socket
 
     with socket.socket() as s:

@@ -1,9 +1,12 @@
 """Closed-loop load generator: C workers send N chat requests, stream or not.
 
-    python -m bench.loadgen URL --mode stream|plain --concurrency C --requests N [--max-seconds S]
+    python -m bench.loadgen URL --mode stream|plain --concurrency C --requests N
+        [--max-seconds S] [--body FILE]
 
-Prints one JSON object: completed, errors, seconds, rps, p50_ms, p99_ms.
-Latency is to the last byte (for streams, through [DONE]).
+Prints one JSON object: completed, errors, seconds, rps, p50_ms, p99_ms, max_ms (the
+slowest single request). Latency is to the last byte (for streams, through [DONE]). The
+request is two short messages, or the JSON object in ``--body FILE`` (``model`` and
+``stream`` are set on it).
 """
 
 from __future__ import annotations
@@ -11,12 +14,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
 
 
-def body(model: str, stream: bool) -> bytes:
+def body(model: str, stream: bool, template: dict[str, Any] | None = None) -> bytes:
+    if template is not None:
+        return orjson.dumps({**template, "model": model, "stream": stream})
     return orjson.dumps(
         {
             "model": model,
@@ -42,9 +49,16 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def run(
-    url: str, model: str, stream: bool, concurrency: int, total: int, max_s: float, key: str
+    url: str,
+    model: str,
+    stream: bool,
+    concurrency: int,
+    total: int,
+    max_s: float,
+    key: str,
+    template: dict[str, Any] | None = None,
 ) -> dict[str, float]:
-    payload = body(model, stream)
+    payload = body(model, stream, template)
     headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
     latencies: list[float] = []
     errors = 0
@@ -83,6 +97,7 @@ async def run(
         "rps": len(latencies) / seconds if seconds else 0.0,
         "p50_ms": percentile(latencies, 0.5) * 1000,
         "p99_ms": percentile(latencies, 0.99) * 1000,
+        "max_ms": max(latencies, default=float("nan")) * 1000,
     }
 
 
@@ -95,7 +110,9 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=100)
     p.add_argument("--max-seconds", type=float, default=30)
     p.add_argument("--key", default="unused")
+    p.add_argument("--body", type=Path, help="a JSON request to send instead of the default")
     a = p.parse_args()
+    template = orjson.loads(a.body.read_bytes()) if a.body else None
     try:
         import uvloop
 
@@ -103,7 +120,16 @@ def main() -> None:
     except ImportError:
         runner = asyncio.run
     result = runner(
-        run(a.url, a.model, a.mode == "stream", a.concurrency, a.requests, a.max_seconds, a.key)
+        run(
+            a.url,
+            a.model,
+            a.mode == "stream",
+            a.concurrency,
+            a.requests,
+            a.max_seconds,
+            a.key,
+            template,
+        )
     )
     print(orjson.dumps(result).decode())
 

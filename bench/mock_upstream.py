@@ -6,7 +6,12 @@ cost far less per request than anything measured against it. Streams send
 proxy as its own read, then usage (when asked) and ``[DONE]``. Like vLLM it adds
 token ids (``return_token_ids``) and the sampled tokens' logprobs (``logprobs``)
 when asked, so that recording can be measured; ``--latency-ms`` delays every
-answer, as an engine's decode time would.
+answer, as an engine's decode time would. A prompt counts one token per 4 bytes of the
+request body (``usage.prompt_tokens``, ``prompt_token_ids``), about what a tokenizer makes
+of JSON. ``POST /tokenize`` answers in vLLM's shape (``count``, ``max_model_len``,
+``tokens``, ``token_strs``), with tokens derived from the request's bytes without its
+``model``: every tier served by one mock is then one family to the gateway's start-up
+check, and its token calibration has counts to fit.
 
     python -m bench.mock_upstream --port 9001 [--chunks 20] [--gap-ms 1] [--latency-ms 0]
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import re
 from collections.abc import Coroutine
 from typing import Any
@@ -25,7 +31,7 @@ STREAM_RE = re.compile(rb'"stream"\s*:\s*true')
 USAGE_RE = re.compile(rb'"include_usage"\s*:\s*true')
 IDS_RE = re.compile(rb'"return_token_ids"\s*:\s*true')
 LOGPROBS_RE = re.compile(rb'"logprobs"\s*:\s*true')
-PROMPT_IDS = list(range(1, 41))  # about what the loadgen's two messages take
+MAX_MODEL_LEN = 8192
 ANSWER = "The capital of France is Paris."
 MODEL_RE = re.compile(rb'"model"\s*:\s*"([^"]*)"')
 
@@ -39,7 +45,28 @@ def _logprobs(tokens: list[str]) -> dict[str, object]:
     }
 
 
-def _completion(model: bytes, ids: bool = False, logprobs: bool = False) -> bytes:
+@functools.lru_cache(maxsize=64)
+def _prompt_ids(n: int) -> list[int]:
+    return list(range(1, n + 1))
+
+
+def prompt_tokens(body: bytes) -> int:
+    """The prompt's length in tokens: one per 4 bytes of the request body."""
+    return max(1, len(body) // 4)
+
+
+def tokenize(body: bytes) -> bytes:
+    """vLLM's ``/tokenize`` answer for ``body``: tokens from its bytes, ``model`` left out."""
+    request = orjson.loads(body or b"{}")
+    request.pop("model", None)
+    data = orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
+    tokens = [int.from_bytes(data[i : i + 4], "little") % 49152 for i in range(0, len(data), 4)]
+    return orjson.dumps(
+        {"count": len(tokens), "max_model_len": MAX_MODEL_LEN, "tokens": tokens, "token_strs": None}
+    )
+
+
+def _completion(model: bytes, ids: bool = False, logprobs: bool = False, prompt: int = 40) -> bytes:
     tokens = [w + " " for w in ANSWER.split()] + ["<|im_end|>"]
     choice: dict[str, object] = {
         "index": 0,
@@ -54,14 +81,14 @@ def _completion(model: bytes, ids: bool = False, logprobs: bool = False) -> byte
         "model": model.decode(),
         "choices": [choice],
         "usage": {
-            "prompt_tokens": len(PROMPT_IDS),
+            "prompt_tokens": prompt,
             "completion_tokens": len(tokens),
-            "total_tokens": 40 + len(tokens),
+            "total_tokens": prompt + len(tokens),
         },
     }
     if ids:
         choice["token_ids"] = list(range(1000, 1000 + len(tokens)))
-        data["prompt_token_ids"] = PROMPT_IDS
+        data["prompt_token_ids"] = _prompt_ids(prompt)
     return orjson.dumps(data)
 
 
@@ -71,6 +98,7 @@ def _event(
     finish: str | None = None,
     capture: tuple[bool, bool] = (False, False),
     k: int = -1,
+    prompt: int = 40,
 ) -> bytes:
     ids, logprobs = capture
     choice: dict[str, object] = {
@@ -91,7 +119,7 @@ def _event(
     if k >= 0 and logprobs:
         choice["logprobs"] = _logprobs([delta.get("content", "")])
     if k < 0 and ids:
-        data["prompt_token_ids"] = PROMPT_IDS
+        data["prompt_token_ids"] = _prompt_ids(prompt)
     return b"data: " + orjson.dumps(data) + b"\n\n"
 
 
@@ -133,15 +161,19 @@ class MockProtocol(asyncio.Protocol):
                 b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: application/json\r\n\r\n{}"
             )
             return
+        if head.startswith(b"post /tokenize "):
+            self.write_answer(tokenize(body))
+            return
         m = MODEL_RE.search(body)
         model = m.group(1) if m else b"mock"
         capture = (bool(IDS_RE.search(body)), bool(LOGPROBS_RE.search(body)))
+        prompt = prompt_tokens(body)
         if STREAM_RE.search(body):
-            self.spawn(self.stream(model, bool(USAGE_RE.search(body)), capture))
+            self.spawn(self.stream(model, bool(USAGE_RE.search(body)), capture, prompt))
         elif self.latency_s:
-            self.spawn(self.answer(_completion(model, *capture)))
+            self.spawn(self.answer(_completion(model, *capture, prompt)))
         else:
-            self.write_answer(_completion(model, *capture))
+            self.write_answer(_completion(model, *capture, prompt))
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -159,14 +191,18 @@ class MockProtocol(asyncio.Protocol):
             % (len(payload), payload)
         )
 
-    async def stream(self, model: bytes, usage: bool, capture: tuple[bool, bool]) -> None:
+    async def stream(
+        self, model: bytes, usage: bool, capture: tuple[bool, bool], prompt: int
+    ) -> None:
         t = self.transport
         assert t is not None
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         t.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-            + _chunked(_event(model, {"role": "assistant", "content": ""}, capture=capture))
+            + _chunked(
+                _event(model, {"role": "assistant", "content": ""}, capture=capture, prompt=prompt)
+            )
         )
         for i in range(self.chunks):
             await asyncio.sleep(self.gap_s)
@@ -177,9 +213,9 @@ class MockProtocol(asyncio.Protocol):
         tail = b""
         if usage:
             u = {
-                "prompt_tokens": 12,
+                "prompt_tokens": prompt,
                 "completion_tokens": self.chunks,
-                "total_tokens": 12 + self.chunks,
+                "total_tokens": prompt + self.chunks,
             }
             tail = (
                 b"data: "

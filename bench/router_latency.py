@@ -1,6 +1,6 @@
 """Routing decision time on one core, for sessions of 1 to 100 messages and up to 32k tokens.
 
-    python -m bench.router_latency [--repeats 300] [--passes 3] [--policy session]
+    python -m bench.router_latency [--repeats 300] [--passes 3] [--policy session] [--quick]
 
 Each shape is an agent session (a system prompt, user turns, assistant tool calls and tool
 results, text spread evenly) of N messages and about T prompt tokens (4 characters a
@@ -107,7 +107,12 @@ def main() -> None:
         "--policy", default="default",
         help="policy to time; 'default': the gateway's default (session -> rules -> classifier)",
     )  # fmt: skip
+    parser.add_argument(
+        "--quick", action="store_true", help="20 decisions per shape, one pass: a smoke run"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.passes = 20, 1
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     if args.policy == "default":

@@ -1,6 +1,6 @@
 """Learning the router from logged decisions, measured against learning with full information.
 
-    python -m bench.router_offpolicy [--explore 0.1,0.25,0.5] [--passes 3] [--seeds 3]
+    python -m bench.router_offpolicy [--explore 0.1,0.25,0.5] [--passes 3] [--seeds 3] [--quick]
 
 Production logs one tier's outcome per step. This simulates such a log from the real greedy
 outcomes of both embedded tiers (``bench.router_outcomes``): every task of the seed-0
@@ -71,7 +71,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="logs per exploration rate")
     parser.add_argument("--cost", type=float, default=DEFAULT_MARGIN)
     parser.add_argument("--l2", type=float, default=0.003)
+    parser.add_argument(
+        "--quick", action="store_true", help="one log at one exploration rate: a smoke run"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.explore, args.passes, args.seeds = "0.25", 1, 1
 
     examples = examples_from(all_tasks(), load(DEFAULT_OUT))
     train, test = split(examples, 0.3, 0)

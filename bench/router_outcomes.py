@@ -1,6 +1,6 @@
 """Real outcomes of both tiers on the checkable router tasks, cached as JSON lines.
 
-    python -m bench.router_outcomes [--url URL] [--out bench/data/router_outcomes.jsonl]
+    python -m bench.router_outcomes [--url URL] [--out bench/data/router_outcomes.jsonl] [--quick]
 
 Sends every task of ``bench.router_tasks`` that has a checker to the full and to the fast
 tier (pinned by model name, greedy decoding), scores both answers and appends one line per
@@ -32,6 +32,7 @@ import asyncio
 import inspect
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from bench.router_tasks import Task, all_tasks
 DEFAULT_OUT = Path(__file__).parent / "data" / "router_outcomes.jsonl"
 SAMPLED_OUT = Path(__file__).parent / "data" / "router_outcomes_sampled.jsonl"
 TIERS = ("full", "fast")
+QUICK_SOURCES = ("bfcl", "reasoning_gym", "trivia")  # HumanEval's checker needs the sandbox
 
 
 async def answer(
@@ -193,7 +195,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--url", help="a running gateway (default: start the embedded stack)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--out", type=Path, help=f"default: {DEFAULT_OUT}")
     parser.add_argument("--scale", type=float, default=1.0, help="task count multiplier")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument(
@@ -205,17 +207,27 @@ def main() -> None:
         "--full-from", type=Path, metavar="FILE",
         help="reuse the full tier's outcomes from FILE (same regime); ask only the fast tier",
     )  # fmt: skip
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="one task of each source that needs no sandbox, into a temporary file unless "
+        "--out: a smoke run",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.out is None and args.quick:  # never into the shipped outcomes
+        args.out = Path(tempfile.mkdtemp(prefix="gearshift-outcomes-")) / "outcomes.jsonl"
+    args.out = args.out or DEFAULT_OUT
     if args.full_from is not None:
         check_same_regime(args.full_from, args.samples, args.temperature)
     tasks = all_tasks(args.scale)
+    if args.quick:
+        tasks = [next(t for t in tasks if t.source == s) for s in QUICK_SOURCES]
     how = (args.concurrency, args.samples, args.temperature)
     if args.url:
         n = asyncio.run(
             collect(args.url.rstrip("/"), args.out, tasks, *how, full_from=args.full_from)
         )
     else:
-        from bench.tiers import embedded_stack
+        from bench.stack import embedded_stack
         from gateway.cli.embedded import fast_tier_identity
         from gateway.config import load_settings
 

@@ -1,6 +1,7 @@
 """Fast tier vs full tier of the embedded default: speed and quality retention, in one run.
 
     python -m bench.tiers [--modes lossy,lossless] [--remove 4] [--heal-steps 400] [--url URL]
+        [--quick]
 
 For each fast-tier mode it starts ``gearshift serve`` (embedded stack, its own ports) — for
 ``lossy`` twice, without healing and with it (the embedded defaults unless given) — and sends
@@ -26,23 +27,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import hashlib
 import json
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench.procs import wait_http
+from bench.stack import embedded_stack, free_port
 from gateway.config import EmbeddedSettings
 
 FULL, FAST = "full", "fast"
@@ -143,7 +137,11 @@ def _decode_rate(runs: list[tuple[int, float, float]]) -> float:
 
 
 async def speeds(
-    session: aiohttp.ClientSession, url: str, max_tokens: int, rounds: int
+    session: aiohttp.ClientSession,
+    url: str,
+    max_tokens: int,
+    rounds: int,
+    questions: list[tuple[str, str]] = QUESTIONS,
 ) -> tuple[dict[str, dict[str, float]], list[dict[str, float]]]:
     """Decode speed of both tiers on natural answers to the question set (they stop on their
     own, at most ``max_tokens``): each prompt alone (concurrency 1), then the prompts four at
@@ -155,7 +153,7 @@ async def speeds(
     answers of each kind (the first of three measured rounds once came out at 1.41x against
     1.92x and 1.93x for the next two), a first-use cost a serving tier has long paid.
     Returns the pooled figures per tier and the speedups of each round."""
-    prompts = [f"{q} Explain your answer in a short paragraph." for q, _ in QUESTIONS]
+    prompts = [f"{q} Explain your answer in a short paragraph." for q, _ in questions]
     sequential: dict[str, list[tuple[int, float, float]]] = {FULL: [], FAST: []}
     batched = {FULL: [0, 0.0], FAST: [0, 0.0]}  # tokens, seconds
     per_round: list[dict[str, float]] = []
@@ -195,10 +193,15 @@ async def speeds(
     return tiers, per_round
 
 
-async def quality(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+async def quality(
+    session: aiohttp.ClientSession,
+    url: str,
+    questions: list[tuple[str, str]] = QUESTIONS,
+    tool_tasks: list[tuple[str, str, str, str]] = TOOL_TASKS,
+) -> dict[str, Any]:
     answers: dict[str, list[str]] = {FULL: [], FAST: []}
     correct = {FULL: 0, FAST: 0}
-    for question, expected in QUESTIONS:
+    for question, expected in questions:
         for model in (FULL, FAST):
             data = await chat(session, url, {"model": model, "messages": [{"role": "user", "content": question}],
                                               "max_tokens": 48, "temperature": 0})  # fmt: skip
@@ -206,10 +209,10 @@ async def quality(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
             answers[model].append(text)
             correct[model] += expected.lower() in text.lower()
     agreement = sum(a == b for a, b in zip(answers[FULL], answers[FAST], strict=True)) / len(
-        QUESTIONS
+        questions
     )
     tools = {FULL: 0, FAST: 0}
-    for prompt, name, arg, value in TOOL_TASKS:
+    for prompt, name, arg, value in tool_tasks:
         for model in (FULL, FAST):
             body = {"model": model, "messages": [{"role": "user", "content": prompt}], "tools": [tool_spec(name)],
                     "tool_choice": {"type": "function", "function": {"name": name}}, "max_tokens": 64, "temperature": 0}  # fmt: skip
@@ -222,68 +225,26 @@ async def quality(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
             tools[model] += str(args.get(arg, "")).lower() == value.lower()
     full_score = correct[FULL] + tools[FULL]
     return {
-        "exact_full": correct[FULL], "exact_fast": correct[FAST], "exact_total": len(QUESTIONS),
-        "tool_full": tools[FULL], "tool_fast": tools[FAST], "tool_total": len(TOOL_TASKS),
+        "exact_full": correct[FULL], "exact_fast": correct[FAST], "exact_total": len(questions),
+        "tool_full": tools[FULL], "tool_fast": tools[FAST], "tool_total": len(tool_tasks),
         "greedy_agreement": round(agreement, 3),
         "quality_retention": round((correct[FAST] + tools[FAST]) / full_score, 3) if full_score else None,
     }  # fmt: skip
 
 
-async def measure(url: str, max_tokens: int, rounds: int = 3) -> dict[str, Any]:
+async def measure(
+    url: str, max_tokens: int, rounds: int = 3, quick: bool = False
+) -> dict[str, Any]:
+    """Speeds and quality; ``quick``: 2 questions and 1 tool task (a smoke run)."""
+    questions, tool_tasks = (QUESTIONS[:2], TOOL_TASKS[:1]) if quick else (QUESTIONS, TOOL_TASKS)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
-        tiers, per_round = await speeds(session, url, max_tokens, rounds)
-        q = await quality(session, url)
+        tiers, per_round = await speeds(session, url, max_tokens, rounds, questions)
+        q = await quality(session, url, questions, tool_tasks)
     full, fast = tiers[FULL], tiers[FAST]
     return {"full": full, "fast": fast, "speedup_c1": round(fast["tok_s_c1"] / full["tok_s_c1"], 2),
             "speedup_c4": round(fast["tok_s_c4"] / full["tok_s_c4"], 2),
             "speedup_c1_rounds": [r["speedup_c1"] for r in per_round],
             "speedup_c4_rounds": [r["speedup_c4"] for r in per_round], **q}  # fmt: skip
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def embedded_stack(
-    env: dict[str, str] | None = None,
-    label: str = "",
-    *,
-    full_port: int | None = None,
-    fast_port: int | None = None,
-) -> Iterator[str]:
-    """Run ``gearshift serve`` (embedded stack, its own ports, store and sandbox off) and
-    yield its URL once ready; stopped with SIGINT on exit. ``full_port``, ``fast_port``:
-    where the tiers' vLLM servers listen, for a caller that talks to them directly."""
-    port = free_port()
-    full_port, fast_port = full_port or free_port(), fast_port or free_port()
-    env = {**os.environ, **(env or {}),
-           "GEARSHIFT_EMBEDDED__FULL_PORT": str(full_port), "GEARSHIFT_EMBEDDED__FAST_PORT": str(fast_port),
-           "GEARSHIFT_STORE__ENABLED": "false", "GEARSHIFT_SANDBOX__ENABLED": "false"}  # fmt: skip
-    gearshift = Path(sys.executable).with_name("gearshift")
-    with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "serve.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [str(gearshift), "serve", "--port", str(port)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-        try:
-            print(f"{label}starting the stack (provisioning the fast tier if needed)", flush=True)
-            wait_http(f"http://127.0.0.1:{port}/ready", proc, log, timeout_s=3600)  # type: ignore[arg-type]
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def served_build(url: str) -> dict[str, Any]:
@@ -315,13 +276,14 @@ def run_stack(
     max_tokens: int,
     overrides: dict[str, int | str],
     rounds: int = 3,
+    quick: bool = False,
 ) -> dict[str, Any]:
     env = {"GEARSHIFT_EMBEDDED__FAST_MODE": mode, "GEARSHIFT_EMBEDDED__HEAL_STEPS": str(heal_steps),
            "GEARSHIFT_EMBEDDED__PRUNE_REMOVE": str(remove),
            **{f"GEARSHIFT_EMBEDDED__{k.upper()}": str(v) for k, v in overrides.items()}}  # fmt: skip
     fast_port = free_port()
     with embedded_stack(env, f"[{mode}, heal {heal_steps}] ", fast_port=fast_port) as url:
-        result = asyncio.run(measure(url, max_tokens, rounds))
+        result = asyncio.run(measure(url, max_tokens, rounds, quick))
         result["fast_build"] = served_build(f"http://127.0.0.1:{fast_port}")
     result.update({"mode": mode, "heal_steps": heal_steps, "layers_removed": remove, **overrides})
     print(json.dumps(result), flush=True)
@@ -362,7 +324,14 @@ def main() -> None:
         "--heal-samples", type=int, help=f"embedded.heal_samples (default {default.heal_samples})"
     )
     parser.add_argument("--url", help="measure a running gateway instead of starting stacks")
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="the default (lossy, healed) stack only, one round of 2 questions at most 16 "
+        "tokens, 1 tool task: a smoke run",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.quick:
+        args.modes, args.skip_unhealed, args.rounds, args.max_tokens = "lossy", True, 1, 16
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     overrides = {
@@ -373,18 +342,16 @@ def main() -> None:
         if v is not None
     }  # fmt: skip
     if args.url:
-        runs = [asyncio.run(measure(args.url.rstrip("/"), args.max_tokens, args.rounds))]
+        url = args.url.rstrip("/")
+        runs = [asyncio.run(measure(url, args.max_tokens, args.rounds, args.quick))]
     else:
         runs = []
         for mode in args.modes.split(","):
             if mode == "lossy" and args.heal_steps and not args.skip_unhealed:
                 unhealed = {k: v for k, v in overrides.items() if not k.startswith("heal_")}
                 runs.append(run_stack(mode, 0, args.remove, args.max_tokens, unhealed, args.rounds))
-            runs.append(
-                run_stack(
-                    mode, args.heal_steps, args.remove, args.max_tokens, overrides, args.rounds
-                )
-            )
+            how = (args.max_tokens, overrides, args.rounds, args.quick)
+            runs.append(run_stack(mode, args.heal_steps, args.remove, *how))
     headline = next((r for r in reversed(runs) if r.get("mode") == "lossy"), runs[-1])
     summary = {
         k: headline[k]

@@ -1,6 +1,7 @@
 """How closely the router's prompt-token estimate counts what the tier reads.
 
     python -m bench.token_estimate [--sessions 300] [--growing 200] [--multilingual 300] [--seed 0]
+        [--tier-url URL] [--quick]
 
 Requests: the router's evaluation tasks (``bench.router_tasks``: BFCL with its tools,
 HumanEval, reasoning-gym, MT-Bench, trivia) and synthetic agent sessions (the standard
@@ -54,7 +55,7 @@ from tqdm import tqdm
 
 from bench import multilingual
 from bench.router_tasks import all_tasks
-from bench.tiers import embedded_stack, free_port
+from bench.stack import embedded_stack, free_port
 from gateway.cli.embedded import FULL_MODEL_NAME
 from gateway.routing.calibration import Calibration, calibrate, fit_weights, replica_tokenizer
 from router.tokens import DEFAULT, Anchor, Counts, TokenModel, anchored, counts, position
@@ -264,7 +265,17 @@ async def count_all(
     return truth, calibration
 
 
-def main() -> None:
+def count(tier_url: str | None, bodies: list[dict[str, Any]]) -> tuple[list[int], Calibration]:
+    """Exact counts from ``tier_url``'s ``/tokenize``, or from the full tier of an embedded
+    stack started for them."""
+    if tier_url:
+        return asyncio.run(count_all(tier_url.rstrip("/"), FULL_MODEL_NAME, bodies))
+    full_port = free_port()
+    with embedded_stack(full_port=full_port):
+        return asyncio.run(count_all(f"http://127.0.0.1:{full_port}", FULL_MODEL_NAME, bodies))
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=300, help="synthetic agent sessions")
     parser.add_argument("--seed", type=int, default=0)
@@ -274,9 +285,24 @@ def main() -> None:
     parser.add_argument(
         "--multilingual", type=int, default=300, help="requests in scripts beyond ASCII"
     )
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="1%% of the evaluation tasks, 10 sessions, 4 step by step, 30 in other scripts: "
+        "a smoke run",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tier-url", help="count with this running vLLM server's /tokenize instead of "
+        "starting the embedded stack and counting with its full tier",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.quick:
+        args.sessions, args.growing, args.multilingual = 10, 4, 30
+    return args
 
-    tasks = all_tasks()
+
+def main() -> None:
+    args = parse_args()
+    tasks = all_tasks(0.01 if args.quick else 1.0)
     bodies = [t.body for t in tasks]
     tool_lists = [b["tools"] for b in bodies if b.get("tools")]
     bodies += agent_sessions(args.sessions, args.seed, tool_lists)
@@ -290,13 +316,7 @@ def main() -> None:
         flush=True,
     )
 
-    full_port = free_port()
-    with embedded_stack(full_port=full_port):
-        truth, calibration = asyncio.run(
-            count_all(
-                f"http://127.0.0.1:{full_port}", FULL_MODEL_NAME, bodies + session_steps + foreign
-            )
-        )
+    truth, calibration = count(args.tier_url, bodies + session_steps + foreign)
     truth, step_truth = truth[: len(bodies)], truth[len(bodies) :]
     step_truth, foreign_truth = step_truth[: len(session_steps)], step_truth[len(session_steps) :]
     scripts = wide_bytes(foreign, foreign_truth)

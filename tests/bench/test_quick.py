@@ -1,0 +1,73 @@
+"""Every benchmark still runs: ``python -m bench.<name> --quick`` exits 0 and its last line
+is one JSON object. No thresholds: the figures are the full runs' business
+(docs/benchmarks.md); this only keeps a benchmark from silently stopping working.
+
+The benchmarks of the real stack (two vLLM servers and the default model) are ``e2e``:
+each starts its own ``gearshift serve`` and keeps its quick run as short as it can.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NEEDS_SANDBOX = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("bwrap") is None or shutil.which("runsc") is None,
+    reason="bench.sandbox needs root, bubblewrap and gVisor's runsc (./scripts/install.sh)",
+)
+
+
+def run_quick(name: str, *extra: str, timeout_s: float) -> dict[str, object]:
+    """Run one benchmark's quick mode in its own process; its last line, parsed."""
+    argv = [sys.executable, "-m", f"bench.{name}", "--quick", *extra]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    output = (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 0, f"{' '.join(argv[1:])} exited with {proc.returncode}:\n{output}"
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"bench.{name} printed nothing:\n{output}"
+    last = json.loads(lines[-1])
+    assert isinstance(last, dict), f"bench.{name}'s last line is not a JSON object: {lines[-1]}"
+    return last
+
+
+@pytest.mark.parametrize(
+    ("name", "extra", "timeout_s"),
+    [
+        ("token_arrays", (), 60),
+        ("http_clients", (), 120),
+        ("router_latency", (), 120),
+        ("router_offpolicy", (), 300),
+        ("router_eval", (), 300),
+        # a minute or two each on a quiet machine; several times that on a busy one
+        ("recorder", (), 900),
+        # LiteLLM would be installed from PyPI: the comparison is the full run's
+        ("gateway_overhead", ("--no-litellm",), 900),
+    ],
+)
+def test_quick_run(name: str, extra: tuple[str, ...], timeout_s: float) -> None:
+    run_quick(name, *extra, timeout_s=timeout_s)
+
+
+def test_kv_compaction_quick_run() -> None:
+    pytest.importorskip("torch", reason="bench.kv_compaction needs torch (the kernels extra)")
+    run_quick("kv_compaction", timeout_s=300)
+
+
+@NEEDS_SANDBOX
+def test_sandbox_quick_run() -> None:
+    run_quick("sandbox", timeout_s=300)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", ["tiers", "token_estimate", "router_outcomes"])
+def test_real_stack_quick_run(name: str, tmp_path: Path) -> None:
+    # router_outcomes appends to the file it is given (never the shipped outcomes here)
+    extra = ("--out", str(tmp_path / "outcomes.jsonl")) if name == "router_outcomes" else ()
+    run_quick(name, *extra, timeout_s=1800)
