@@ -25,6 +25,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from backends.supervisor import Supervisor, SupervisorError
+from gateway.cli import heap
 from gateway.config import Settings, TierSettings
 from gateway.http.app import create_app
 from gateway.upstream.family_probe import family_problems
@@ -168,6 +169,8 @@ async def _startup_problem(
         await asyncio.sleep(0.25)
     if problem := await _family_problem(settings.tiers):
         return problem
+    frozen = heap.settle()  # before the first request: what start-up built lives on
+    log.debug("start-up heap frozen: %d objects", frozen)
     gate.open()
     log.info(
         "Gearshift ready: OpenAI API at http://%s:%d/v1 (models: auto, %s)",

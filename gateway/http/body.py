@@ -19,6 +19,13 @@ M = TypeVar("M", bound=BaseModel)
 async def read_json(request: Request, limit: int, *, empty: bytes | None = None) -> dict[str, Any]:
     """The body as a JSON object. A declared or actual size over ``limit`` is a 413 before
     the rest is read; an empty body is ``empty`` when given (``b"{}"``), else a 400."""
+    return (await read_json_raw(request, limit, empty=empty))[1]
+
+
+async def read_json_raw(
+    request: Request, limit: int, *, empty: bytes | None = None
+) -> tuple[bytes, dict[str, Any]]:
+    """``read_json``, with the bytes the object was parsed from."""
     declared = request.headers.get("content-length")
     raw = await read_limited(request.stream(), limit, declared, PayloadTooLarge) or empty
     if not raw:
@@ -29,7 +36,7 @@ async def read_json(request: Request, limit: int, *, empty: bytes | None = None)
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidRequest(f"request body must be a JSON object, not {type(data).__name__}")
-    return data
+    return raw, data
 
 
 def validated(data: dict[str, Any], model: type[M]) -> M:

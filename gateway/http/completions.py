@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from gateway.errors import GatewayError
-from gateway.http.body import read_json, validated
+from gateway.http.body import read_json_raw, validated
 from gateway.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -52,7 +52,7 @@ class Completions:
         """Authenticate (before reading the body), read, validate."""
         headers = request.headers
         principal = self.services.auth.authenticate(headers.get("authorization"))
-        body = await read_json(request, self.services.settings.limits.max_body_bytes)
+        raw, body = await read_json_raw(request, self.services.settings.limits.max_body_bytes)
         validated(body, VALIDATORS[endpoint])
         note_unknown_fields(endpoint, body, self._unknown_fields)
         who = RequestIdentity(
@@ -60,4 +60,4 @@ class Completions:
             headers.get("x-session-id") or body.get("user"), headers.get("x-gearshift-task-id"),
             headers.get("x-gearshift-group-id"),
         )  # fmt: skip
-        return ParsedRequest(who, body)
+        return ParsedRequest(who, body, raw)

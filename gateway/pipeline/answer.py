@@ -18,6 +18,8 @@ from gateway.errors import InvalidRequest
 from gateway.pipeline.outcome import Captured
 from gateway.recording import capture
 from gateway.recording.capture import StreamCapture, Wants
+from gateway.recording.cut import as_written, cut_prompt_ids
+from gateway.recording.records import RawJson
 from gateway.upstream.dispatch import Completed, upstream_message
 from router import Endpoint
 
@@ -37,13 +39,18 @@ class Answer:
     error: str | None = None
 
 
-def parsed_body(result: Completed) -> dict[str, Any] | None:
-    """The answer as a JSON object, parsed once (``result.data`` keeps it)."""
+def parsed_body(result: Completed, endpoint: Endpoint) -> dict[str, Any] | None:
+    """The answer as a JSON object, parsed once (``result.data`` keeps it). A chat answer's
+    prompt token ids are not parsed: cut out first (``gateway.recording.cut``), they are
+    the object's ``prompt_token_ids`` as ``RawJson``, for the recorder."""
     if result.data is None:
+        raw, cut = cut_prompt_ids(result.body) if endpoint == "chat" else (result.body, None)
         try:
-            result.data = orjson.loads(result.body)
+            result.data = orjson.loads(raw)
         except orjson.JSONDecodeError:
             return None
+        if cut is not None and isinstance(result.data, dict):
+            result.data["prompt_token_ids"] = cut
     return result.data if isinstance(result.data, dict) else None
 
 
@@ -54,7 +61,7 @@ def answer(
     if result.status != 200:
         body = result.body if _is_openai_error(result.body) else _wrap_error(result)
         return Answer(result.status, body, error=upstream_message(result.body))
-    data = parsed_body(result)
+    data = parsed_body(result, endpoint)
     if data is None:
         log.warning(
             "request %s: upstream answered 200 with a body that is not a JSON object", request_id
@@ -71,7 +78,7 @@ def answer(
         captured = Captured(_prompt_ids(data, choices), capture.choices_of(data, endpoint), model)
         if not (wants.logprobs and wants.token_ids):
             capture.strip(data, wants)
-            body = orjson.dumps(data)
+            body = orjson.dumps(data, default=as_written)  # cut ids the client asked for
     return Answer(
         200, body, _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")),
         tuple(c.get("finish_reason") or "" for c in choices), model, captured,
@@ -79,13 +86,13 @@ def answer(
     )  # fmt: skip
 
 
-def _prompt_ids(data: dict[str, Any], choices: list[dict[str, Any]]) -> list[int] | None:
+def _prompt_ids(data: dict[str, Any], choices: list[dict[str, Any]]) -> list[int] | RawJson | None:
     """The prompt's token ids: at the top of a chat answer, in each choice of a completion
     (a batch of prompts has one set per prompt; the step records the first)."""
     ids = data.get("prompt_token_ids")
     if ids is None and choices:
         ids = choices[0].get("prompt_token_ids")
-    return ids if isinstance(ids, list) else None
+    return ids if isinstance(ids, list | RawJson) else None
 
 
 def stream_capture(endpoint: Endpoint, wants: Wants | None, chain: bool) -> StreamCapture | None:

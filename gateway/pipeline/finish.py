@@ -15,8 +15,9 @@ from gateway.pipeline.outcome import CLIENT_CLOSED, Outcome
 from gateway.pipeline.record import step_record
 from gateway.pipeline.span import end_span
 from gateway.recording.recorder import Recorder
+from gateway.recording.records import ChainHashes
 from gateway.routing.calibration import TokenCalibrator
-from gateway.routing.sessions import RouteSessions, continuation_keys
+from gateway.routing.sessions import CHAIN, RouteSessions, chain_links
 from router.tokens import Anchor
 
 
@@ -34,23 +35,24 @@ class Finish:
         self.recorder = recorder
 
     async def __call__(self, outcome: Outcome, span: Span) -> None:
-        self._session(outcome)
+        hashes = chain_hashes(outcome)
+        self._session(outcome, hashes)
         self._metrics(outcome)
         self._calibration(outcome)
         end_span(span, outcome)
         if self.recorder is not None and outcome.step is not None:
-            await self.recorder.record(step_record(outcome, outcome.step))
+            await self.recorder.record(step_record(outcome, outcome.step, hashes))
 
-    def _session(self, outcome: Outcome) -> None:
+    def _session(self, outcome: Outcome, hashes: ChainHashes | None) -> None:
         if outcome.status == CLIENT_CLOSED:
             return
-        keys = outcome.routing.keys
-        answers = outcome.answers if outcome.status == 200 else None
+        links = hashes.continuations if hashes is not None and outcome.answers else ()
         self.sessions.finish(
-            outcome.identity.tenant, keys, outcome.tier,
+            outcome.identity.tenant, outcome.routing.keys, outcome.tier,
             escalated=outcome.served.escalated is not None, failed=outcome.failed,
             anchor=anchor(outcome),
-            continuations=continuation_keys(keys.history, answers) if answers else (),
+            continuations=[CHAIN + c for c in links if c is not None]
+            if outcome.status == 200 else (),
         )  # fmt: skip
 
     def _metrics(self, outcome: Outcome) -> None:
@@ -82,6 +84,19 @@ class Finish:
             self.metrics.prompt_token_anchored_error.observe(
                 abs(sizing.estimate - counted) / counted
             )
+
+
+def chain_hashes(outcome: Outcome) -> ChainHashes | None:
+    """An unnamed chat session's hash chain, computed once for routing's session state and
+    the recorder: the history's prefix and each answer's continuation (the recorded
+    choices', else the answers kept for the chain)."""
+    history = outcome.routing.keys.history
+    if history is None:
+        return None
+    captured = outcome.captured
+    answers = [c.message for c in captured.choices] if captured else list(outcome.answers or ())
+    links = chain_links(history, answers)
+    return None if links is None else ChainHashes(history.prefix(), links)
 
 
 def anchor(outcome: Outcome) -> Anchor | None:

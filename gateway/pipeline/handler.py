@@ -159,7 +159,7 @@ class CompletionPipeline:
             or Tier.FULL not in services.pools
         ):
             return result, None
-        found = escalation.problem(parsed.body, parsed_body(result))
+        found = escalation.problem(parsed.body, parsed_body(result, parsed.identity.endpoint))
         if found is None:
             return result, None
         kind, why = found

@@ -12,7 +12,7 @@ from typing import Any
 
 from gateway.pipeline.request import ParsedRequest, RequestIdentity
 from gateway.pipeline.route import Routing
-from gateway.recording.records import ChoiceCapture
+from gateway.recording.records import ChoiceCapture, RawJson
 from gateway.upstream.dispatch import Attempts
 from router import Tier
 
@@ -23,7 +23,7 @@ CLIENT_CLOSED = 499  # nginx's convention: the client went away before the answe
 class Captured:
     """The answer as the engine produced it (token ids and log-probabilities included)."""
 
-    prompt_token_ids: list[int] | None
+    prompt_token_ids: list[int] | RawJson | None
     choices: list[ChoiceCapture]
     model: str | None
 

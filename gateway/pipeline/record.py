@@ -6,7 +6,7 @@ import os
 import time
 
 from gateway.pipeline.outcome import Outcome, StepPlan
-from gateway.recording.records import StepRecord
+from gateway.recording.records import ChainHashes, RawJson, StepRecord
 from router import Decision
 
 MAX_CHOICES = 128  # vLLM's own limit on n is lower; this only bounds the ids we mint
@@ -19,7 +19,7 @@ def plan_step(body: dict[str, object]) -> StepPlan:
     return StepPlan(tuple(os.urandom(16).hex() for _ in range(count)), time.time())
 
 
-def step_record(outcome: Outcome, step: StepPlan) -> StepRecord:
+def step_record(outcome: Outcome, step: StepPlan, chain: ChainHashes | None = None) -> StepRecord:
     who, d, served = outcome.identity, outcome.routing.decision, outcome.served
     captured = outcome.captured
     first = outcome.first_byte_at
@@ -29,7 +29,7 @@ def step_record(outcome: Outcome, step: StepPlan) -> StepRecord:
         tenant=who.tenant,
         api_key=who.api_key,
         endpoint=who.endpoint,
-        request=outcome.request.body,
+        request=RawJson(outcome.request.raw) if outcome.request.raw else outcome.request.body,
         external_session=who.session_id,
         task_id=who.task_id,
         group_id=who.group_id,
@@ -52,6 +52,7 @@ def step_record(outcome: Outcome, step: StepPlan) -> StepRecord:
         ttft_ms=(first - who.t0) * 1000 if first is not None else None,
         duration_ms=who.elapsed_ms(outcome.ended_at),
         error=outcome.error,
+        chain=chain,
     )
 
 

@@ -37,10 +37,13 @@ class RequestIdentity:
 @dataclass(frozen=True, slots=True)
 class ParsedRequest:
     """A validated completion request. ``body`` is the client's JSON object exactly as sent:
-    no stage mutates it (the upstream body is a copy built once, ``upstream_body``)."""
+    no stage mutates it (the upstream body is a copy built once, ``upstream_body``);
+    ``raw`` is the text it was parsed from (empty when built in code), which the recorder
+    stores without serializing the object again."""
 
     identity: RequestIdentity
     body: dict[str, Any]
+    raw: bytes = b""
 
     @property
     def stream(self) -> bool:

@@ -36,7 +36,8 @@ from typing import Any
 
 import orjson
 
-from gateway.recording.records import ChoiceCapture
+from gateway.recording.cut import as_written, cut_prompt_ids
+from gateway.recording.records import ChoiceCapture, RawJson
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,19 +269,25 @@ class StreamCapture:
     def __init__(self, endpoint: str, wants: Wants) -> None:
         self.endpoint = endpoint
         self.wants = wants
-        self.prompt_token_ids: list[int] | None = None
+        self.prompt_token_ids: list[int] | RawJson | None = None
         self.model: str | None = None
         self._choices: dict[int, _Assembly] = {}
 
     def on_event(self, event: bytes) -> bytes:
         """Record one ``data: {...}`` event and return it as the client should see it
         (``b""``: the client's own request would not have produced it)."""
+        cut = None
+        raw = event[5:]
+        if self.endpoint == "chat" and self.prompt_token_ids is None:  # the first chunk's
+            raw, cut = cut_prompt_ids(raw)
         try:
-            data = orjson.loads(event[5:])
+            data = orjson.loads(raw)
         except orjson.JSONDecodeError:
             return event  # not ours to judge; the client gets it as it came
         if not isinstance(data, dict):
             return event
+        if cut is not None:
+            data["prompt_token_ids"] = cut
         if self.model is None and isinstance(data.get("model"), str):
             self.model = data["model"]
         self._note_prompt(data)
@@ -299,13 +306,13 @@ class StreamCapture:
         for c in choices:
             if _index(c) in echo_chunks:
                 _restore_echo(c, self.wants)
-        return b"data: " + orjson.dumps(data) + b"\n\n"
+        return b"data: " + orjson.dumps(data, default=as_written) + b"\n\n"
 
     def _note_prompt(self, data: dict[str, Any]) -> None:
         if self.prompt_token_ids is not None:
             return
         found = data.get("prompt_token_ids")  # chat: at the top; completions: per choice
-        if not isinstance(found, list):
+        if not isinstance(found, list | RawJson):
             found = next(
                 (c["prompt_token_ids"] for c in _choices(data)
                  if isinstance(c.get("prompt_token_ids"), list)),

@@ -1,6 +1,7 @@
 """The recorder: a bounded queue on the request path, a writer process behind it.
 
-The request path only builds a ``StepRecord`` and offers it (``record``). A
+The request path only builds a ``StepRecord`` and offers it (``record``), which encodes
+it at once into its entry of a writer frame: what waits in the queue is bytes. A
 consumer task takes whatever has queued up (waiting up to ``linger_s`` for more,
 at most ``batch_size``), sends it to the writer process
 (``gateway.recording.writer_process``) and waits for its acknowledgement, which
@@ -35,7 +36,7 @@ from sqlalchemy import Connection, Engine
 from gateway.config import StoreSettings
 from gateway.metrics import Metrics
 from gateway.recording.records import StepRecord
-from gateway.recording.writer_process import HEADER, encode
+from gateway.recording.writer_process import HEADER, encode, encode_step
 from gateway.store.database import make_engine, prepare_schema
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class Recorder:
         self.metrics = metrics
         self.hooks = list(hooks or [])
         self.engine: Engine | None = None  # this process's, for operations and reads
-        self._queue: asyncio.Queue[StepRecord | _Op] = asyncio.Queue(settings.queue_size)
+        self._queue: asyncio.Queue[orjson.Fragment | _Op] = asyncio.Queue(settings.queue_size)
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-ops")
         self._task: asyncio.Task[None] | None = None
         self._proc: asyncio.subprocess.Process | None = None
@@ -138,15 +139,16 @@ class Recorder:
         """Offer a step; False when it was dropped (counted and logged)."""
         if self._closing:
             return self._drop(rec, "closing")
+        step = encode_step(rec)
         try:
-            self._queue.put_nowait(rec)
+            self._queue.put_nowait(step)
             return True
         except asyncio.QueueFull:
             pass
         if self.settings.on_full == "wait":
             try:
                 async with asyncio.timeout(self.settings.wait_s):
-                    await self._queue.put(rec)
+                    await self._queue.put(step)
                 return True
             except TimeoutError:
                 pass
@@ -179,9 +181,9 @@ class Recorder:
         while True:
             batch = await self._collect()
             self.metrics.recorder_queued.set(self._queue.qsize())
-            run: list[StepRecord] = []
+            run: list[orjson.Fragment] = []
             for item in batch:
-                if isinstance(item, StepRecord):
+                if not isinstance(item, _Op):
                     run.append(item)
                     continue
                 await self._send(run)
@@ -189,7 +191,7 @@ class Recorder:
                 await self._run_op(item)
             await self._send(run)
 
-    async def _collect(self) -> list[StepRecord | _Op]:
+    async def _collect(self) -> list[orjson.Fragment | _Op]:
         """The next batch: what is queued after lingering linger_s, at most batch_size.
 
         One sleep per batch rather than a timeout per item: under load the linger is
@@ -209,7 +211,7 @@ class Recorder:
             batch.append(self._queue.get_nowait())
         return batch
 
-    async def _send(self, records: list[StepRecord]) -> None:
+    async def _send(self, records: list[orjson.Fragment]) -> None:
         """Hand records to the writer and wait for its commit; survive its death."""
         if not records:
             return

@@ -5,6 +5,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
+
+class RawJson:
+    """A JSON value kept as the bytes it arrived in. The request path never parses what
+    only the recorder needs (the client's whole body, a prompt's token ids): the bytes
+    go into the writer's frame as they are, and the writer process parses them.
+    (Not a dataclass: orjson would write it as an object instead of asking for its text.)"""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __repr__(self) -> str:
+        return f"RawJson({len(self.data)} bytes)"
+
+    def parsed(self) -> Any:
+        return orjson.loads(self.data)
+
 
 @dataclass(slots=True)
 class ChoiceCapture:
@@ -18,6 +38,16 @@ class ChoiceCapture:
 
 
 @dataclass(slots=True)
+class ChainHashes:
+    """The hash chain of an unnamed chat session as the request path computed it
+    (``gateway.store.chain``): the history's prefix hash and each choice's continuation
+    hash. The writer hashes the history itself when a record has none."""
+
+    prefix: str | None
+    continuations: list[str | None]
+
+
+@dataclass(slots=True)
 class StepRecord:
     """One model call (all its choices) and everything known about how it was served."""
 
@@ -26,7 +56,7 @@ class StepRecord:
     tenant: str
     api_key: str
     endpoint: str
-    request: dict[str, Any]  # the body as the client sent it (before capture fields)
+    request: dict[str, Any] | RawJson  # the body as the client sent it (before capture fields)
     external_session: str | None
     task_id: str | None
     group_id: str | None
@@ -42,10 +72,11 @@ class StepRecord:
     fallback: bool = False
     escalated: bool = False
     attempts: int = 0
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | RawJson | None = None  # the writer sees a list
     choices: list[ChoiceCapture] = field(default_factory=list)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     ttft_ms: float | None = None
     duration_ms: float = 0.0
     error: str | None = None
+    chain: ChainHashes | None = None

@@ -22,9 +22,9 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy import Connection, bindparam, func, insert, select, update
 
-from gateway.recording.records import ChoiceCapture, StepRecord
+from gateway.recording.records import ChoiceCapture, RawJson, StepRecord
 from gateway.store import chain, codec, rewards
 from gateway.store.rows import insert_ignore, now_utc, session_key
 from gateway.store.schema import blobs, sessions, steps, tenants, tool_calls
@@ -32,6 +32,36 @@ from gateway.store.schema import rewards as rewards_t
 from sandbox.toolschema import check_call, tool_schemas
 
 log = logging.getLogger(__name__)
+
+
+# The writer's lookups, built once: SQLAlchemy keeps their compiled form, so a lookup
+# costs an execution, not a statement's construction and cache-key computation.
+_CONTINUED = (
+    select(steps.c.session_id)
+    .where(
+        steps.c.tenant_id == bindparam("tenant"),
+        steps.c.continuation_sha256 == bindparam("prefix"),
+    )
+    .limit(1)
+)
+_TOP_SEQ = select(func.max(steps.c.seq)).where(steps.c.session_id == bindparam("sid"))
+_CALL_SIGS = select(tool_calls.c.tool, tool_calls.c.arguments).where(
+    tool_calls.c.session_id == bindparam("sid")
+)
+_OPEN_CALLS = select(tool_calls.c.id, tool_calls.c.call_id, tool_calls.c.exit_status).where(
+    tool_calls.c.session_id == bindparam("sid"),
+    tool_calls.c.call_id.in_(bindparam("call_ids", expanding=True)),
+    tool_calls.c.result.is_(None),
+)
+_ANSWER_CALL = (
+    update(tool_calls)
+    .where(tool_calls.c.id == bindparam("pk"))
+    .values(
+        result=bindparam("answer"),
+        result_step_id=bindparam("answer_step"),
+        status=bindparam("answer_status"),
+    )
+)
 
 
 class _LRU(OrderedDict[str, Any]):
@@ -47,7 +77,8 @@ class _LRU(OrderedDict[str, Any]):
 
 
 class _Pending:
-    """Rows waiting for their multi-row INSERT, in foreign-key order."""
+    """Rows waiting for their multi-row INSERT, in foreign-key order, and this batch's
+    answers to tool calls committed earlier (one UPDATE statement for all of them)."""
 
     def __init__(self) -> None:
         self.blobs: dict[str, dict[str, Any]] = {}
@@ -55,6 +86,19 @@ class _Pending:
         self.steps: list[dict[str, Any]] = []
         self.calls: list[dict[str, Any]] = []
         self.rewards: list[dict[str, Any]] = []
+        self.answers: list[dict[str, Any]] = []
+        self.answered: set[str] = set()  # committed calls answered in this batch
+        # session -> its calls made in this batch and not answered yet, by call id
+        self.open_calls: dict[str, dict[str, dict[str, Any]]] = {}
+        # sessions with nothing committed when this batch first saw them: no call of theirs
+        # can be in the database, so answering their calls needs no query
+        self.fresh: set[str] = set()
+
+    def add_calls(self, rows: list[dict[str, Any]]) -> None:
+        self.calls.extend(rows)
+        for row in rows:
+            if row["call_id"] is not None:
+                self.open_calls.setdefault(row["session_id"], {}).setdefault(row["call_id"], row)
 
     def flush(self, conn: Connection) -> None:
         insert_ignore(conn, blobs, list(self.blobs.values()))
@@ -66,8 +110,8 @@ class _Pending:
         ):
             if rows:
                 conn.execute(insert(table), rows)
-        self.blobs, self.sessions = {}, {}
-        self.steps, self.calls, self.rewards = [], [], []
+        if self.answers:
+            conn.execute(_ANSWER_CALL, self.answers)
 
 
 class StepWriter:
@@ -91,30 +135,47 @@ class StepWriter:
         self._pending = _Pending()
 
     def write(self, conn: Connection, records: list[StepRecord]) -> None:
+        """Write ``records`` in ``conn``'s transaction. Reads never need what is pending:
+        the caches hold every chain link, step number and tool call this batch adds, so
+        the batch is one INSERT per table however many lookups it made."""
         for rec in records:
             self._write_one(conn, rec)
         self._pending.flush(conn)
-
-    def _query(self, conn: Connection, stmt: Any) -> Any:
-        """A statement that must see the rows still pending in this batch."""
-        self._pending.flush(conn)
-        return conn.execute(stmt)
+        self._pending = _Pending()
 
     def _write_one(self, conn: Connection, rec: StepRecord) -> None:
         self._ensure_tenant(conn, rec.tenant)
-        body = orjson.dumps(rec.request, option=orjson.OPT_SORT_KEYS)
+        request = _parsed(rec.request)
+        body = orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
         sha = hashlib.sha256(body).hexdigest()
         self._pending.blobs[sha] = {"sha256": sha, "body": body}
-        messages = rec.request.get("messages") if rec.endpoint == "chat" else None
-        history = chain.History(messages) if isinstance(messages, list) else None
-        prefix = history.prefix() if history is not None else None
+        messages = request.get("messages") if rec.endpoint == "chat" else None
+        hashed = (
+            rec.chain
+            if rec.chain is not None and len(rec.chain.continuations) == len(rec.step_ids)
+            else None
+        )
+        history = chain.History(messages) if isinstance(messages, list) and hashed is None else None
+        prefix = (
+            hashed.prefix
+            if hashed is not None
+            else history.prefix()
+            if history is not None
+            else None
+        )
         sid, rewritten = self._session(conn, rec, prefix)
         seq = self._next_seq(conn, sid)
+        if seq == 0:
+            self._pending.fresh.add(sid)
         created = now_utc(rec.created_at)
-        schemas = tool_schemas(rec.request.get("tools"))
+        schemas = tool_schemas(request.get("tools"))
         step_rows, reward_rows, call_rows = [], [], []
-        for step_id, choice in zip(rec.step_ids, rec.choices or [ChoiceCapture(0)], strict=False):
-            cont = history.continuation(choice.message) if history is not None else None
+        choices = rec.choices or [ChoiceCapture(0)]
+        for i, (step_id, choice) in enumerate(zip(rec.step_ids, choices, strict=False)):
+            if hashed is not None:
+                cont = hashed.continuations[i]
+            else:
+                cont = history.continuation(choice.message) if history is not None else None
             if cont is not None:
                 self._chains.put(f"{rec.tenant}\x00{cont}", sid)
             step_rows.append(self._step_row(rec, step_id, choice, sid, seq, sha, created))
@@ -138,15 +199,15 @@ class StepWriter:
                 else rec.completion_tokens,
                 call_checks=checks,
             )
-            comps.update(self._hooks(rec, choice))
+            comps.update(self._hooks(rec, request, choice))
             reward_rows += [
                 _reward(rec, sid, step_id, None, n, v, created) for n, v in comps.items()
             ]
-        # Pairing tool results may flush what is pending: do it before adding this step's rows.
+        # The results this request carries answer earlier calls, not this step's own.
         reward_rows += self._tool_results(conn, rec, sid, rec.step_ids[0], messages, created)
         p = self._pending
         p.steps.extend(step_rows)
-        p.calls.extend(call_rows)
+        p.add_calls(call_rows)
         p.rewards.extend(reward_rows)
 
     # -- pieces ------------------------------------------------------------
@@ -179,19 +240,13 @@ class StepWriter:
         hit = self._chains.get(f"{tenant}\x00{prefix}")
         if hit is not None:
             return str(hit)
-        row = self._query(
-            conn,
-            select(steps.c.session_id)
-            .where(steps.c.tenant_id == tenant, steps.c.continuation_sha256 == prefix)
-            .limit(1),
-        ).first()
+        row = conn.execute(_CONTINUED, {"tenant": tenant, "prefix": prefix}).first()
         return None if row is None else str(row[0])
 
     def _next_seq(self, conn: Connection, sid: str, peek: bool = False) -> int:
         seq = self._seq.get(sid)
         if seq is None:
-            q = select(func.max(steps.c.seq)).where(steps.c.session_id == sid)
-            top = self._query(conn, q).scalar()
+            top = conn.execute(_TOP_SEQ, {"sid": sid}).scalar()
             seq = 0 if top is None else int(top) + 1
         if not peek:
             self._seq.put(sid, seq + 1)
@@ -217,7 +272,7 @@ class StepWriter:
             "endpoint": rec.endpoint,
             "request_sha256": sha,
             "response": choice.message,
-            "prompt_token_ids": codec.pack_ids(rec.prompt_token_ids),
+            "prompt_token_ids": codec.pack_ids(_parsed(rec.prompt_token_ids)),
             "completion_token_ids": codec.pack_ids(choice.token_ids),
             "logprobs": codec.pack_floats(choice.logprobs)
             if choice.token_ids is not None
@@ -271,6 +326,8 @@ class StepWriter:
             "arguments": args,
             "arguments_valid": problem is None,
             "status": "pending",
+            "result": None,  # set in place if a later step of this batch answers it
+            "result_step_id": None,
             "created_at": created,
             "_problem": problem,
             "_repeated": repeated,
@@ -285,37 +342,50 @@ class StepWriter:
         messages: Any,
         created: datetime,
     ) -> list[dict[str, Any]]:
-        """Pair tool messages in this request with the pending calls they answer."""
-        results = {
+        """Pair tool messages in this request with the open calls they answer: this batch's
+        in memory, then committed ones (unless the session had nothing committed)."""
+        results: dict[Any, Any] = {
             m.get("tool_call_id"): m.get("content")
             for m in messages or ()
             if isinstance(m, dict) and m.get("role") == "tool" and m.get("tool_call_id")
         }
         if not results:
             return []
-        pending = self._query(
-            conn,
-            select(tool_calls.c.id, tool_calls.c.call_id, tool_calls.c.exit_status).where(
-                tool_calls.c.session_id == sid,
-                tool_calls.c.call_id.in_(list(results)),
-                tool_calls.c.result.is_(None),
-            ),
-        ).all()
+        p = self._pending
+        # (the call's row when it is pending in this batch, else its id; exit status; result)
+        found: list[tuple[dict[str, Any] | str, int | None, str]] = []
+        mine = p.open_calls.get(sid, {})
+        for call_id in list(results):
+            row = mine.pop(call_id, None)
+            if row is not None:
+                found.append((row, None, _text(results.pop(call_id))))
+        if results and sid not in p.fresh:
+            params = {"sid": sid, "call_ids": list(results)}
+            for call_pk, call_id, exit_status in conn.execute(_OPEN_CALLS, params):
+                if call_pk not in p.answered:
+                    p.answered.add(call_pk)
+                    found.append((call_pk, exit_status, _text(results[call_id])))
         out = []
-        for call_pk, call_id, exit_status in pending:
-            text = results[call_id]
-            text = text if isinstance(text, str) else orjson.dumps(text).decode()
+        for call, exit_status, text in found:
             ok = (
                 exit_status == 0
                 if exit_status is not None
                 else rewards.tool_outcome_from_text(text)
             )
-            self._query(
-                conn,
-                update(tool_calls)
-                .where(tool_calls.c.id == call_pk)
-                .values(result=text, result_step_id=step_id, status="ok" if ok else "error"),
-            )
+            answer = {"result": text, "result_step_id": step_id, "status": "ok" if ok else "error"}
+            if isinstance(call, dict):
+                call.update(answer)
+                call_pk = call["id"]
+            else:
+                call_pk = call
+                p.answers.append(
+                    {
+                        "pk": call,
+                        "answer": text,
+                        "answer_step": step_id,
+                        "answer_status": answer["status"],
+                    }
+                )
             out.append(
                 _reward(rec, sid, None, call_pk, "tool_success", 1.0 if ok else -1.0, created)
             )
@@ -324,19 +394,22 @@ class StepWriter:
     def _session_calls(self, conn: Connection, sid: str) -> set[str]:
         made = self._calls.get(sid)
         if made is None:
-            q = select(tool_calls.c.tool, tool_calls.c.arguments).where(
-                tool_calls.c.session_id == sid
-            )
-            made = {rewards.call_signature(t, a) for t, a in self._query(conn, q)}
+            rows = [*conn.execute(_CALL_SIGS, {"sid": sid})]
+            rows += [
+                (c["tool"], c["arguments"]) for c in self._pending.calls if c["session_id"] == sid
+            ]
+            made = {rewards.call_signature(t, a) for t, a in rows}
             self._calls.put(sid, made)
         return made
 
-    def _hooks(self, rec: StepRecord, choice: ChoiceCapture) -> dict[str, float]:
+    def _hooks(
+        self, rec: StepRecord, request: dict[str, Any], choice: ChoiceCapture
+    ) -> dict[str, float]:
         out: dict[str, float] = {}
         if not self.hooks:
             return out
         view = {
-            "request": rec.request,
+            "request": request,
             "answer": choice.message,
             "tier": rec.tier,
             "status": rec.status,
@@ -347,6 +420,15 @@ class StepWriter:
             except Exception:  # a user's hook must not lose the step
                 log.exception("reward hook %s failed on request %s", spec, rec.request_id)
         return out
+
+
+def _text(content: Any) -> str:
+    return content if isinstance(content, str) else orjson.dumps(content).decode()
+
+
+def _parsed(value: Any) -> Any:
+    """A record's value; one kept as raw JSON (records built in this process) parsed."""
+    return value.parsed() if isinstance(value, RawJson) else value
 
 
 def session_row(rec: StepRecord, sid: str) -> dict[str, Any]:

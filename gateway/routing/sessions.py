@@ -86,18 +86,19 @@ class SessionKeys:
 def continuation_keys(history: History | None, answers: Sequence[Any]) -> list[str]:
     """The chain keys the next steps of an unnamed chat session will look up: one per
     answer to ``history`` (a request with ``n`` samples forks ``n`` ways)."""
+    links = chain_links(history, answers)
+    return [CHAIN + c for c in links or () if c is not None]
+
+
+def chain_links(history: History | None, answers: Sequence[Any]) -> list[str | None] | None:
+    """Each answer's continuation hash (None for one that is not a message); None when
+    there is no history or its content cannot be hashed."""
     if history is None:
-        return []
-    keys = []
-    for answer in answers:
-        if isinstance(answer, dict):
-            try:
-                cont = history.continuation(answer)
-            except (TypeError, ValueError):  # content orjson cannot serialize: no chain
-                return []
-            if cont is not None:
-                keys.append(CHAIN + cont)
-    return keys
+        return None
+    try:
+        return [history.continuation(a) if isinstance(a, dict) else None for a in answers]
+    except (TypeError, ValueError):  # content orjson cannot serialize: no chain
+        return None
 
 
 class RouteSessions:

@@ -63,18 +63,21 @@ class History:
     """A request's messages reduced once, for its prefix hash and the continuation hash of
     each of its answers (a request with ``n`` samples has ``n``)."""
 
-    __slots__ = ("_canonical", "_last_assistant")
+    __slots__ = ("_canonical", "_last_assistant", "_prefix")
 
     def __init__(self, messages: list[Any]) -> None:
         self._canonical = [_canonical(m) for m in messages]
         self._last_assistant = max(
             (i for i, c in enumerate(self._canonical) if c[0] == "assistant"), default=None
         )
+        self._prefix: str | None = None
 
     def prefix(self) -> str | None:
         """Hash of the history up to the last assistant message; None when there is none."""
         last = self._last_assistant
-        return None if last is None else _digest(self._canonical[: last + 1])
+        if last is not None and self._prefix is None:
+            self._prefix = _digest(self._canonical[: last + 1])
+        return self._prefix
 
     def continuation(self, answer: dict[str, Any] | None) -> str | None:
         """Hash of the history followed by ``answer``: the next step's prefix hash."""

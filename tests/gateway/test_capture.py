@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from gateway.recording.capture import StreamCapture, Wants, choices_of, prepare, strip
+from gateway.recording.records import RawJson
 
 PROMPT = "The capital of France is"
 PROMPT_IDS = [504, 3575, 282, 4649, 314]
@@ -312,4 +313,12 @@ def test_the_first_chat_chunk_keeps_its_null_prompt_ids():
     capture = StreamCapture("chat", wants)
     (shown,) = run(capture, [first])
     assert shown == {**first, "prompt_token_ids": None}
-    assert capture.prompt_token_ids == [1, 9690]
+    ids = capture.prompt_token_ids  # kept unparsed for the recorder
+    assert isinstance(ids, RawJson) and ids.parsed() == [1, 9690]
+
+
+def test_a_chat_stream_that_asked_for_the_ids_gets_them_as_the_engine_wrote_them():
+    _, wants = prepared("chat", {"messages": [], "stream": True, "return_token_ids": True})
+    raw = b'data: {"id":"c","choices":[],"prompt_token_ids":[1, 9690]}\n\n'
+    shown = StreamCapture("chat", wants).on_event(raw)
+    assert b'"prompt_token_ids":[1, 9690]' in shown

@@ -7,6 +7,7 @@ import pytest
 
 from gateway.pipeline.answer import answer, parsed_body, stream_capture
 from gateway.recording.capture import Wants
+from gateway.recording.records import RawJson
 from gateway.upstream.dispatch import Completed
 
 
@@ -51,7 +52,9 @@ def test_a_200_tells_usage_finish_reasons_and_model_and_passes_the_body_through(
 def test_a_captured_answer_keeps_token_ids_and_logprobs_and_strips_them_for_the_client():
     reply = answer(completed(chat_answer()), "chat", Wants(False, False), False, "r-1")
     assert reply.captured is not None
-    assert reply.captured.prompt_token_ids == [1, 2, 3] and reply.captured.model == "model-fast"
+    ids = reply.captured.prompt_token_ids
+    assert isinstance(ids, RawJson) and ids.parsed() == [1, 2, 3]  # never parsed on the way
+    assert reply.captured.model == "model-fast"
     assert [c.token_ids for c in reply.captured.choices] == [[10, 11], [12]]
     assert [c.logprobs for c in reply.captured.choices] == [[-0.5], [-1.0]]
     assert [c.finish_reason for c in reply.captured.choices] == ["stop", "length"]
@@ -74,6 +77,15 @@ def test_a_client_that_asked_for_logprobs_only_keeps_them():
     assert sent.get("prompt_token_ids") is None
     assert sent["choices"][0]["logprobs"] == {"content": [{"token": "o", "logprob": -0.5}]}
     assert sent["choices"][0].get("token_ids") is None
+
+
+def test_a_client_that_asked_for_token_ids_only_gets_them_as_the_engine_wrote_them():
+    body = orjson.dumps(chat_answer()).replace(b"[1,2,3]", b"[1, 2,  3]")
+    reply = answer(completed(body), "chat", Wants(False, True), False, "r-1")
+    assert b'"prompt_token_ids":[1, 2,  3]' in reply.body  # the engine's bytes, unparsed
+    sent = orjson.loads(reply.body)
+    assert sent["prompt_token_ids"] == [1, 2, 3] and sent["choices"][0]["token_ids"] == [10, 11]
+    assert sent["choices"][0].get("logprobs") is None
 
 
 def test_completions_are_captured_as_text():
@@ -165,9 +177,9 @@ def test_a_200_whose_choices_is_not_a_list_is_passed_through():
 
 def test_parsed_body_parses_once():
     result = completed(chat_answer())
-    first = parsed_body(result)
-    assert first is not None and parsed_body(result) is first and result.data is first
-    assert parsed_body(completed(b"nope")) is None
+    first = parsed_body(result, "chat")
+    assert first is not None and parsed_body(result, "chat") is first and result.data is first
+    assert parsed_body(completed(b"nope"), "chat") is None
 
 
 def test_stream_capture_is_recording_or_a_chain_assembler_or_nothing():

@@ -422,7 +422,7 @@ async def test_a_recorded_answer_is_captured_whole_and_shown_as_asked(fakes, gat
     assert client.headers["x-gearshift-step-id"] == o.step.header()
     (rec,) = gw.services.recorder.records
     assert rec.step_ids == list(o.step.ids) and rec.status == 200 and rec.policy == "pinned"
-    assert rec.prompt_token_ids == list(range(1, 8))
+    assert rec.prompt_token_ids.parsed() == list(range(1, 8))
     assert rec.choices[0].token_ids == [100, 101, 102, 103]
     assert rec.choices[0].logprobs == pytest.approx([0.0, -0.1, -0.2, -0.3])
 

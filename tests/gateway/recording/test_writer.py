@@ -1,0 +1,156 @@
+"""The writer's batching: whatever way steps are grouped into batches, the rows are the same.
+
+The writer answers its lookups (a session's chain, its next step number, the tool calls a
+result answers) from caches of what it wrote and from the rows still pending in its batch,
+without writing them first: these tests pin that a tool loop written step by step and the
+same loop written in one batch give the same rows, and that a result resent with every
+later step (as agents resend their history) is counted once.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, select
+
+from gateway.recording.records import ChainHashes, ChoiceCapture, RawJson, StepRecord
+from gateway.recording.writer import StepWriter
+from gateway.store import chain
+from gateway.store.database import make_engine, upgrade
+from gateway.store.schema import rewards, steps, tool_calls
+
+SYSTEM = {"role": "system", "content": "You fix bugs."}
+USER = {"role": "user", "content": "Fix the failing test."}
+
+
+def call(i: int) -> dict[str, Any]:
+    return {
+        "id": f"call-{i}",
+        "type": "function",
+        "function": {"name": "run_shell", "arguments": f'{{"cmd": "step {i}"}}'},
+    }
+
+
+def loop(turns: int) -> list[StepRecord]:
+    """An unnamed tool loop: each answer calls a tool; the next request carries the whole
+    history, every earlier result included; the last answer is text."""
+    messages: list[dict[str, Any]] = [SYSTEM, USER]
+    records = []
+    for i in range(turns):
+        answer = (
+            {"role": "assistant", "content": None, "tool_calls": [call(i)]}
+            if i < turns - 1
+            else {"role": "assistant", "content": "Done."}
+        )
+        records.append(
+            StepRecord(
+                step_ids=[uuid.uuid4().hex],
+                request_id=f"req-{i}",
+                tenant="acme",
+                api_key="k",
+                endpoint="chat",
+                request={"model": "auto", "messages": list(messages)},
+                external_session=None,
+                task_id=None,
+                group_id=None,
+                created_at=time.time(),
+                status=200,
+                tier="fast",
+                prompt_token_ids=list(range(10 * (i + 1))),
+                choices=[ChoiceCapture(0, answer, [1, 2], [-0.1, -0.2], "stop")],
+            )
+        )
+        result = "error: no such file" if i == 1 else f"ok {i}"
+        messages += [answer, {"role": "tool", "tool_call_id": f"call-{i}", "content": result}]
+    return records
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Engine:
+    url = f"sqlite:///{tmp_path}/t.db"
+    upgrade(url)
+    return make_engine(url)
+
+
+def write(engine: Engine, batches: list[list[StepRecord]]) -> None:
+    writer = StepWriter()
+    for batch in batches:
+        with engine.begin() as conn:
+            writer.write(conn, batch)
+
+
+def tables(engine: Engine) -> dict[str, Any]:
+    with engine.connect() as conn:
+        step_rows = conn.execute(
+            select(steps.c.session_id, steps.c.seq, steps.c.request_id, steps.c.rewritten)
+            .order_by(steps.c.seq)
+        ).all()  # fmt: skip
+        call_rows = conn.execute(
+            select(tool_calls.c.call_id, tool_calls.c.result, tool_calls.c.status,
+                   tool_calls.c.result_step_id).order_by(tool_calls.c.call_id)
+        ).all()  # fmt: skip
+        step_of = dict(conn.execute(select(steps.c.id, steps.c.request_id)).all())
+        reward_rows = conn.execute(
+            select(rewards.c.name, rewards.c.value, rewards.c.scope)
+            .order_by(rewards.c.name, rewards.c.value)
+        ).all()  # fmt: skip
+    return {
+        "sessions": {r.session_id for r in step_rows},
+        "steps": [(r.seq, r.request_id, r.rewritten) for r in step_rows],
+        "calls": [
+            (c.call_id, c.result, c.status, step_of.get(c.result_step_id)) for c in call_rows
+        ],
+        "rewards": [tuple(r) for r in reward_rows],
+    }
+
+
+@pytest.mark.parametrize("grouping", ["one batch", "two batches", "batch per step"])
+def test_a_tool_loop_gives_the_same_rows_however_it_is_batched(engine, grouping):
+    records = loop(4)
+    batches = {
+        "one batch": [records],
+        "two batches": [records[:2], records[2:]],
+        "batch per step": [[r] for r in records],
+    }[grouping]
+    write(engine, batches)
+    got = tables(engine)
+    assert len(got["sessions"]) == 1  # the chain joined every step
+    assert got["steps"] == [(i, f"req-{i}", False) for i in range(4)]
+    # each call answered once, by the request that first carried its result
+    assert got["calls"] == [
+        ("call-0", "ok 0", "ok", "req-1"),
+        ("call-1", "error: no such file", "error", "req-2"),
+        ("call-2", "ok 2", "ok", "req-3"),
+    ]
+    successes = [r for r in got["rewards"] if r[0] == "tool_success"]
+    assert sorted(successes) == [
+        ("tool_success", -1.0, "tool_call"),
+        ("tool_success", 1.0, "tool_call"),
+        ("tool_success", 1.0, "tool_call"),
+    ]
+
+
+def test_hashes_from_the_request_path_are_used_as_given(engine):
+    (rec,) = loop(1)
+    history = chain.History(rec.request["messages"])  # type: ignore[index]
+    given = ChainHashes(history.prefix(), [history.continuation(rec.choices[0].message)])
+    rec.chain = given
+    rec.request = RawJson(b'{"model":"auto","messages":[{"role":"user","content":"x"}]}')
+    write(engine, [[rec]])
+    with engine.connect() as conn:
+        stored = conn.execute(select(steps.c.prefix_sha256, steps.c.continuation_sha256)).one()
+    assert tuple(stored) == (given.prefix, given.continuations[0])
+
+
+def test_hashes_that_do_not_match_the_choices_are_not_trusted(engine):
+    (rec,) = loop(1)
+    rec.chain = ChainHashes("p" * 64, [])  # one choice, no continuation: recomputed
+    write(engine, [[rec]])
+    with engine.connect() as conn:
+        stored = conn.execute(select(steps.c.continuation_sha256)).scalar()
+    want = chain.History(rec.request["messages"]).continuation(rec.choices[0].message)  # type: ignore[index]
+    assert stored == want
