@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from sandbox.policy import Egress, Grant, Policy, ResourceClass, Risk
 from sandbox.protocol import FaultPlan
+from sandbox.workspace import Quota
 
 
 class Section(BaseModel):
@@ -36,6 +37,24 @@ class DatabaseConfig(Section):
 
     path: Path = Field(description="SQLite file")
     statements: list[str] = Field(default_factory=lambda: ["select", "with", "explain"])
+
+
+class WorkspaceQuota(Section):
+    """Limits on what workspaces hold, enforced by the kernel (each workspace is a tmpfs of
+    this size; see docs/decisions/sandbox-workspace-quotas.md). Workspace data is in memory."""
+
+    mb: int = Field(default=256, ge=1, le=1 << 20, description="bytes one workspace holds, MiB")
+    inodes: int = Field(default=16384, ge=16, le=1 << 30, description="files and directories")
+    tenant_mb: int = Field(
+        default=2048, ge=1, le=1 << 24, description="all of one tenant's workspaces, MiB"
+    )
+    tenant_inodes: int = Field(default=131072, ge=16, le=1 << 32)
+
+    def each(self) -> Quota:
+        return Quota(self.mb << 20, self.inodes)
+
+    def tenant(self) -> Quota:
+        return Quota(self.tenant_mb << 20, self.tenant_inodes)
 
 
 class GrantConfig(Section):
@@ -78,7 +97,13 @@ class SandboxConfig(Section):
     )
     uid: int = Field(default=65534, ge=1, description="the unprivileged host user code runs as")
     gid: int = Field(default=65534, ge=1)
-    session_ttl_s: float = Field(default=3600.0, gt=0)
+    session_ttl_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="a session idle this long is removed, its workspace with it (checked "
+        "every 30 s or session_ttl_s, whichever is shorter)",
+    )
+    workspace: WorkspaceQuota = WorkspaceQuota()
     warm: bool = Field(
         default=True,
         description="keep one resident interpreter per session for run_python (about 4 ms a "

@@ -20,9 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 import secrets
-import shutil
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -51,6 +49,7 @@ from sandbox.tools.fetch import Resolver, system_resolver
 from sandbox.tools.files import Workspace
 from sandbox.tools.registry import TOOLS, Context, Tool
 from sandbox.toolschema import check_value
+from sandbox.workspace import Workspaces, sweep
 
 log = logging.getLogger("gearshift.sandbox")
 
@@ -63,6 +62,7 @@ class Session:
     faults: Faults
     last_used: float = field(default_factory=time.monotonic)
     warm: WarmPython | None = None  # the session's resident interpreter, once started
+    busy: int = 0  # calls in flight: an idle-expiry never removes a session mid-call
 
 
 class Sandbox:
@@ -77,6 +77,11 @@ class Sandbox:
         self.runtime = runtime or RUNTIMES[config.runtime](config.uid, config.gid)
         self.policy = config.policy()
         self.sessions: dict[str, Session] = {}
+        q = config.workspace
+        self.workspaces = Workspaces(config.root, config.uid, config.gid, q.each(), q.tenant())
+        # Workspaces a previous service left (it crashed, or was killed) are mounted still.
+        if stale := sweep(config.root):
+            log.info("removed %d workspaces left under %s", stale, config.root)
 
     # -- sessions ------------------------------------------------------------
 
@@ -84,9 +89,7 @@ class Sandbox:
         sid = body.session_id or secrets.token_hex(16)
         if sid in self.sessions:
             raise SessionExists(f"session {sid!r} exists")
-        root = self.config.root / scoped_id(body.principal.tenant, sid)
-        root.mkdir(parents=True, exist_ok=False, mode=0o700)
-        os.chown(root, self.config.uid, self.config.gid)
+        root = self.workspaces.create(scoped_id(body.principal.tenant, sid))
         s = Session(
             sid,
             body.principal.tenant,
@@ -108,11 +111,12 @@ class Sandbox:
         if s is not None:
             if s.warm is not None:
                 await s.warm.stop()
-            shutil.rmtree(s.workspace.root, ignore_errors=True)
+            self.workspaces.remove(s.workspace.root)
 
     async def expire(self) -> int:
+        """Remove the sessions idle for ``session_ttl_s`` (none with a call in flight)."""
         cutoff = time.monotonic() - self.config.session_ttl_s
-        old = [sid for sid, s in self.sessions.items() if s.last_used < cutoff]
+        old = [sid for sid, s in self.sessions.items() if s.last_used < cutoff and not s.busy]
         for sid in old:
             await self.remove(sid)
         return len(old)
@@ -153,7 +157,18 @@ class Sandbox:
         if fault is not None:
             return FAULTS[fault].apply(verdict, fault, session.faults.retry_after_s)
         ctx = self._context(tool, session, d.resources, d.egress)
-        return await _run(tool, ctx, body.arguments, verdict)
+        root, t = session.workspace.root, session.tenant
+        session.busy += 1
+        try:
+            others = [s.workspace.root for s in self.sessions.values() if s.tenant == t]
+            self.workspaces.share(root, [p for p in others if p != root])
+            result = await _run(tool, ctx, body.arguments, verdict)
+        finally:
+            session.busy -= 1
+            session.last_used = time.monotonic()
+        if result.exit_status not in (0, None) and result.limit is None:
+            result.limit = self.workspaces.exhausted(root)  # ENOSPC: "disk" or "inodes"
+        return result
 
     def _context(
         self, tool: Tool, session: Session, limits: ResourceClass, egress: Egress | None

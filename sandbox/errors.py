@@ -15,9 +15,14 @@ the error body are chosen in one place, ``sandbox.service``, and the client maps
     │                                                      or timed out); reported as status 502
     ├── RuntimeUnavailable       runtime_unavailable  -    no isolation here: the service refuses
     │                                                      to start (fails closed)
+    ├── ToolTimeout              tool_timeout         -    never an HTTP error: a host-side tool
+    │                                                      ran out of time; also a TimeoutError,
+    │                                                      so the call fails (exit status 1)
     └── ToolRefused              refused              -    never an HTTP error: the call answers
         │                                                  ``allowed: false`` with ``rule``
         ├── Escape                                         rule "workspace": a path leaves it
+        ├── SpecialFile                                    rule "file type": a FIFO, socket or
+        │                                                  device, not a file or directory
         ├── EgressDenied                                   rule "egress": outside the allowlist
         └── QueryRefused                                   rule "sql broker": not a read
 
@@ -83,6 +88,13 @@ class RuntimeUnavailable(SandboxError):
     code = "runtime_unavailable"
 
 
+class ToolTimeout(SandboxError, TimeoutError):
+    """A host-side tool (file I/O) did not finish within the call's wall time. It is an
+    ``OSError`` too: a tool call reports it as a failed run, with this message."""
+
+    code = "tool_timeout"
+
+
 class ToolRefused(SandboxError):
     """A tool refused what the call asked for; the call's result is a denial by ``rule``."""
 
@@ -94,6 +106,13 @@ class Escape(ToolRefused):
     """The path leaves the workspace (or goes through a link that would)."""
 
     rule = "workspace"
+
+
+class SpecialFile(ToolRefused):
+    """The path names a FIFO, socket or device node: file tools touch regular files and
+    directories only (opening anything else could block or act on a device)."""
+
+    rule = "file type"
 
 
 class EgressDenied(ToolRefused):

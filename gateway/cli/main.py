@@ -120,11 +120,14 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
     """Run the sandbox service alone (its own process, as root: it sets up cgroups)."""
-    from gateway.cli.sandbox_process import command, write_section
+    from gateway.cli.sandbox_process import command, environment, write_section
 
     config_file = write_section(load_config(args.config).sandbox)
     try:
-        return subprocess.run(command(config_file, args.log_level), check=False).returncode
+        run = subprocess.run(
+            command(config_file, args.log_level), env=environment(), close_fds=True, check=False
+        )
+        return run.returncode
     finally:
         config_file.unlink(missing_ok=True)
 

@@ -6,6 +6,10 @@ configuration (written to a private file), a token (the configured one, or a fre
 one), and dies with the gateway (PR_SET_PDEATHSIG), even on ``kill -9``. Where it cannot
 isolate (not root, no bubblewrap) it refuses to start, says why, and the gateway goes on
 without it: tools never run unsandboxed.
+
+It inherits nothing it is not given: its environment is the few variables named in
+``PASSED_ENV`` (the gateway's own — store URLs, keys, tokens — stay with the gateway), and
+no descriptor but its standard streams.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import secrets
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import aiohttp
@@ -27,6 +32,10 @@ from gateway.config import Settings
 from sandbox.config import SandboxConfig
 
 CANNOT_ISOLATE = 3  # python -m sandbox's exit status when it cannot isolate code here
+# All the sandbox service needs of the gateway's environment: PATH to find bwrap, prlimit,
+# setpriv and runsc; PYTHONPATH where that is how this package is found; the rest is locale,
+# home and temporary directory. Everything else it is told goes through its config file.
+PASSED_ENV = ("PATH", "PYTHONPATH", "LANG", "HOME", "TMPDIR")
 
 log = logging.getLogger("gearshift")
 
@@ -61,6 +70,13 @@ def command(config_file: Path, log_level: str = "warning") -> list[str]:
     return [sys.executable, "-m", "sandbox", "--config", str(config_file), "--log-level", log_level]
 
 
+def environment(source: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The sandbox service's whole environment: the ``PASSED_ENV`` variables of ``source``
+    (the gateway's environment by default) that are set, and nothing else."""
+    source = os.environ if source is None else source
+    return {name: source[name] for name in PASSED_ENV if name in source}
+
+
 async def start_sandbox(settings: Settings, timeout_s: float = 20.0) -> SandboxProcess | None:
     cfg = settings.sandbox
     if not cfg.enabled:
@@ -69,7 +85,9 @@ async def start_sandbox(settings: Settings, timeout_s: float = 20.0) -> SandboxP
     socket = cfg.socket or settings.embedded.home / f"sandbox-{settings.port}.sock"
     socket.parent.mkdir(parents=True, exist_ok=True)
     config_file = write_section(cfg, token=token, socket=str(socket))
-    proc = await asyncio.create_subprocess_exec(*command(config_file), preexec_fn=die_with_parent)
+    proc = await asyncio.create_subprocess_exec(
+        *command(config_file), env=environment(), close_fds=True, preexec_fn=die_with_parent
+    )
     sandbox = SandboxProcess(proc, socket, token, config_file)
     if await _healthy(socket, proc, timeout_s):
         log.info("tool sandbox ready on unix:%s", socket)

@@ -1,17 +1,46 @@
-"""The runtime interface and its result."""
+"""The runtime interface and its result, and what every runtime launches processes with.
+
+Nothing of the service reaches a run: ``launch`` starts a runtime's launcher (``sh`` →
+``prlimit`` → ``setpriv`` → ``bwrap``, or ``runsc``) with ``RUN_ENV`` as its whole
+environment and no descriptor but its pipes and the ones it names. That matters past
+``bwrap --clearenv``: bubblewrap's process 1 inside the sandbox keeps the environment it
+was started with, and code in the sandbox can read it from ``/proc/1/environ``.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Protocol
 
 from sandbox.errors import RuntimeUnavailable as RuntimeUnavailable
 from sandbox.policy import ResourceClass
 
 TRUNCATED = b"\n[... truncated by the sandbox ...]\n"
+
+# A run's whole environment, and its launchers' too (so process 1 has nothing else).
+RUN_ENV: Mapping[str, str] = MappingProxyType(
+    {"PATH": "/usr/bin:/bin", "HOME": "/workspace", "LANG": "C.UTF-8",
+     "PYTHONDONTWRITEBYTECODE": "1"}
+)  # fmt: skip
+
+
+async def launch(
+    argv: Sequence[str], *, pass_fds: Collection[int] = (), stderr: int = asyncio.subprocess.PIPE
+) -> asyncio.subprocess.Process:
+    """Start a sandbox launcher holding nothing of the service's: ``RUN_ENV`` as its
+    environment, only its pipes (stdin, stdout, ``stderr``) and ``pass_fds`` open, ``/``
+    as its directory (not the service's), in a session of its own. ``argv[0]`` must be an
+    absolute path (no lookup in the service's ``PATH``)."""
+    return await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
+        env=dict(RUN_ENV), cwd="/", close_fds=True, pass_fds=tuple(pass_fds),
+        start_new_session=True,
+    )  # fmt: skip
 
 
 @dataclass(slots=True)

@@ -12,6 +12,11 @@ The launch chain, each link exec'ing the next so that nothing lingers::
 
 bwrap runs as a non-root uid because, as root, its sandbox would map to host root. On a
 timeout the whole cgroup is killed, so a daemon that double-forked is gone too.
+
+The chain starts from ``base.launch``: its environment is the run's own (``RUN_ENV``),
+nothing of the service's, because bwrap's process 1 inside the sandbox keeps what it was
+started with; each link is named by absolute path, and the only descriptors it inherits
+are its pipes and the seccomp program (which bwrap closes once loaded).
 """
 
 from __future__ import annotations
@@ -25,11 +30,13 @@ from pathlib import Path
 
 from sandbox.policy import ResourceClass
 from sandbox.runtime import seccomp
-from sandbox.runtime.base import ProcessResult, RuntimeUnavailable, Streams
+from sandbox.runtime.base import RUN_ENV, ProcessResult, RuntimeUnavailable, Streams, launch
 from sandbox.runtime.cgroups import Cgroup
 
 SANDBOX_UID = 65534  # nobody
-JOIN = 'for p in "$@"; do [ "$p" = -- ] && break; echo $$ > "$p" || exit 125; shift; done; shift; exec "$@"'
+# The shell exports PWD (the service's directory) on start; unset, process 1's environment
+# is exactly the run's.
+JOIN = 'for p in "$@"; do [ "$p" = -- ] && break; echo $$ > "$p" || exit 125; shift; done; shift; unset PWD; exec "$@"'
 
 
 class BwrapRuntime:
@@ -38,6 +45,8 @@ class BwrapRuntime:
     def __init__(self, uid: int = SANDBOX_UID, gid: int = SANDBOX_UID) -> None:
         self.uid, self.gid = uid, gid
         self._bwrap = shutil.which("bwrap")
+        # Resolved once, here: the launch chain's own PATH is the run's, not the service's.
+        self._prlimit, self._setpriv = shutil.which("prlimit"), shutil.which("setpriv")
 
     def check(self) -> None:
         if self._bwrap is None:
@@ -46,19 +55,19 @@ class BwrapRuntime:
             )
         if os.geteuid() != 0:
             raise RuntimeUnavailable("the sandbox service must start as root to set up cgroups")
-        for tool in ("prlimit", "setpriv"):
-            if shutil.which(tool) is None:
+        for tool, path in (("prlimit", self._prlimit), ("setpriv", self._setpriv)):
+            if path is None:
                 raise RuntimeUnavailable(f"{tool} (util-linux) is not installed")
 
     def command(
         self, argv: list[str], workspace: Path, limits: ResourceClass, cg: Cgroup, bpf_fd: int
     ) -> list[str]:
-        assert self._bwrap is not None
+        assert self._bwrap and self._prlimit and self._setpriv
         return [
             "/bin/sh", "-c", JOIN, "sh", *cg.procs_files(), "--",
-            "prlimit", "--core=0", f"--fsize={limits.file_mb << 20}", "--nofile=256",
+            self._prlimit, "--core=0", f"--fsize={limits.file_mb << 20}", "--nofile=256",
             f"--cpu={max(1, int(limits.cpu_s))}:{max(1, int(limits.cpu_s)) + 1}", "--",
-            "setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
+            self._setpriv, f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
             "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
             self._bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL",
@@ -67,8 +76,7 @@ class BwrapRuntime:
             "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
             "--bind", str(workspace), "/workspace", "--chdir", "/workspace",
-            "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/workspace",
-            "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+            "--clearenv", *(a for k, v in RUN_ENV.items() for a in ("--setenv", k, v)),
             "--hostname", "sandbox", "--seccomp", str(bpf_fd), "--",
             *argv,
         ]  # fmt: skip
@@ -81,11 +89,9 @@ class BwrapRuntime:
         bpf = seccomp.filter_file()
         started = time.perf_counter()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.command(argv, workspace, limits, cg, bpf.fileno()),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, pass_fds=(bpf.fileno(),), start_new_session=True,
-            )  # fmt: skip
+            proc = await launch(
+                self.command(argv, workspace, limits, cg, bpf.fileno()), pass_fds=[bpf.fileno()]
+            )
             return await self._collect(proc, cg, limits, stdin, started)
         finally:
             bpf.close()
@@ -125,9 +131,11 @@ def _signal_limit(
     status: int, usage: dict[str, float], limits: ResourceClass, truncated: bool
 ) -> str | None:
     """bwrap reports a signal death as 128 + the signal number."""
+    if status in (128 + 24, -24):  # SIGXCPU: RLIMIT_CPU's soft limit
+        return "cpu"  # the signal says so; the cgroup's CPU figure can read below the limit
     killed = status > 128 or status < 0
     if killed and usage.get("cpu_s", 0.0) >= 0.95 * max(1, int(limits.cpu_s)):
-        return "cpu"  # RLIMIT_CPU: SIGXCPU, then SIGKILL
+        return "cpu"  # SIGKILL at RLIMIT_CPU's hard limit
     if status in (128 + 25, -25):  # SIGXFSZ
         return "file_size"
     return "output" if truncated else None

@@ -3,11 +3,27 @@ namespaces alone (a kernel bug reachable from the sandbox is gVisor's, not the h
 
 Each run gets an OCI bundle: a read-only root of mount points with ``/usr`` bound
 read-only, the workspace read-write at ``/workspace``, a private ``/tmp``, the sandbox
-uid, rlimits, memory and pids limits, and no network (``--network=none``). On these
-hosts runsc works in ptrace mode (``--platform=ptrace``); its own threads count against
-the pids limit, which is therefore at least 1024 (REFERENCES.md). Slower to start than
-bubblewrap (about 200 ms): choose it with ``sandbox.runtime: gvisor`` where the
-stronger boundary is worth it.
+uid, and no network (``--network=none``). On these hosts runsc works in ptrace mode
+(``--platform=ptrace``).
+
+Where the grant's limits are enforced, and how this differs from bubblewrap:
+
+- processes and threads: ``RLIMIT_NPROC`` = the grant's ``pids``, enforced by gVisor's
+  kernel, whose only tasks are the run's (it counts threads, as Linux does). The host
+  cgroup's pids limit (``linux.resources.pids``) also holds gVisor's own threads, so it
+  stays at least 1024 (REFERENCES.md): there it only bounds gVisor itself.
+- memory: the host cgroup's limit, which counts gVisor's own memory as well: a run gets
+  somewhat less than under bubblewrap, and runsc does not say which limit killed it.
+- CPU seconds, file size, open files, core dumps: rlimits, enforced by gVisor's kernel.
+- system calls: the project's seccomp profile (``sandbox.runtime.seccomp.oci``) as the
+  spec's ``linux.seccomp``, which ``--oci-seccomp`` makes gVisor enforce on the run's
+  calls to its kernel (gVisor also filters its own calls to the host).
+- environment: runsc starts like bubblewrap's chain (``base.launch``): the run's own
+  variables (``RUN_ENV``) and no descriptor of the service's; the run's process gets
+  ``process.env``, the same variables.
+
+Slower to start than bubblewrap (about 200 ms): choose it with ``sandbox.runtime: gvisor``
+where the stronger boundary is worth it.
 """
 
 from __future__ import annotations
@@ -24,9 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.policy import ResourceClass
-from sandbox.runtime.base import ProcessResult, RuntimeUnavailable, Streams
+from sandbox.runtime import seccomp
+from sandbox.runtime.base import RUN_ENV, ProcessResult, RuntimeUnavailable, Streams, launch
 
 STATE = Path("/run/gearshift-runsc")
+HOST_PIDS_FLOOR = 1024  # runsc's own threads share the host cgroup's pids limit
 
 
 class RunscRuntime:
@@ -59,6 +77,7 @@ class RunscRuntime:
             {"type": "RLIMIT_FSIZE", "soft": limits.file_mb << 20, "hard": limits.file_mb << 20},
             {"type": "RLIMIT_NOFILE", "soft": 256, "hard": 256},
             {"type": "RLIMIT_CORE", "soft": 0, "hard": 0},
+            {"type": "RLIMIT_NPROC", "soft": limits.pids, "hard": limits.pids},
         ]
         mounts = [
             {"destination": "/proc", "type": "proc", "source": "proc"},
@@ -71,7 +90,7 @@ class RunscRuntime:
             "ociVersion": "1.0.2",
             "process": {
                 "terminal": False, "user": {"uid": self.uid, "gid": self.gid}, "args": argv,
-                "env": ["PATH=/usr/bin:/bin", "HOME=/workspace", "LANG=C.UTF-8"],
+                "env": [f"{k}={v}" for k, v in RUN_ENV.items()],
                 "cwd": "/workspace", "noNewPrivileges": True, "rlimits": rlimits,
             },
             "root": {"path": str(self._rootfs()), "readonly": True},
@@ -79,8 +98,9 @@ class RunscRuntime:
             "mounts": mounts,
             "linux": {
                 "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
-                "resources": {"pids": {"limit": max(1024, limits.pids)},
+                "resources": {"pids": {"limit": max(HOST_PIDS_FLOOR, limits.pids)},
                               "memory": {"limit": limits.memory_mb << 20}},
+                "seccomp": seccomp.oci(),
             },
         }  # fmt: skip
 
@@ -97,15 +117,12 @@ class RunscRuntime:
             self._runsc,
             f"--platform={self.platform}",
             "--network=none",
+            "--oci-seccomp",
             "--root",
             str(STATE / "state"),
         ]
         started = time.perf_counter()
-        proc = await asyncio.create_subprocess_exec(
-            *base, "run", "--bundle", str(bundle), cid,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True,
-        )  # fmt: skip
+        proc = await launch([*base, "run", "--bundle", str(bundle), cid])
         io = Streams(proc, limits.output_bytes)
         try:
             limit = None if await io.run(stdin, limits.wall_s) else "wall_time"
@@ -131,8 +148,9 @@ class RunscRuntime:
         """Kill every process of the container and remove it, whatever state it is in."""
         for args in (["kill", "--all", cid, "KILL"], ["delete", "--force", cid]):
             p = await asyncio.create_subprocess_exec(
-                *base, *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
-            )
+                *base, *args, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL, env=dict(RUN_ENV), cwd="/",
+            )  # fmt: skip
             await p.wait()
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):

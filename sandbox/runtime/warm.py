@@ -23,7 +23,7 @@ import orjson
 
 from sandbox.policy import ResourceClass
 from sandbox.runtime import seccomp
-from sandbox.runtime.base import TRUNCATED, ProcessResult
+from sandbox.runtime.base import TRUNCATED, ProcessResult, launch
 from sandbox.runtime.bwrap import BwrapRuntime
 from sandbox.runtime.cgroups import Cgroup
 
@@ -45,10 +45,11 @@ class WarmPython:
         with seccomp.filter_file() as bpf:
             argv = ["/usr/bin/python3", "-I", "-c", SOURCE]
             cmd = self.runtime.command(argv, self.workspace, session_limits, self.cg, bpf.fileno())
-            self.proc = await asyncio.create_subprocess_exec(
-                *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL, pass_fds=(bpf.fileno(),), start_new_session=True,
-            )  # fmt: skip
+            # The runner's environment and descriptors are the cold chain's (``launch``); its
+            # stderr goes nowhere, each call's child gets pipes of its own.
+            self.proc = await launch(
+                cmd, pass_fds=[bpf.fileno()], stderr=asyncio.subprocess.DEVNULL
+            )
 
     async def run(self, code: str, stdin: bytes, limits: ResourceClass) -> ProcessResult:
         async with self.lock:

@@ -97,7 +97,9 @@ async def run_shell(ctx: Context, args: dict[str, Any]) -> ProcessResult:
 
 
 async def read_file(ctx: Context, args: dict[str, Any]) -> Any:
-    data, truncated = ctx.workspace.read(str(args["path"]), ctx.limits.output_bytes)
+    data, truncated = await ctx.workspace.read(
+        str(args["path"]), ctx.limits.output_bytes, ctx.limits.wall_s
+    )
     return {"content": data.decode("utf-8", errors="replace"), "truncated": truncated}
 
 
@@ -105,7 +107,10 @@ async def write_file(ctx: Context, args: dict[str, Any]) -> Any:
     data = str(args["content"]).encode()
     if len(data) > ctx.limits.file_mb << 20:
         raise ValueError(f"content exceeds the {ctx.limits.file_mb} MB file limit")
-    return {"written": ctx.workspace.write(str(args["path"]), data, bool(args.get("append")))}
+    written = await ctx.workspace.write(
+        str(args["path"]), data, bool(args.get("append")), ctx.limits.wall_s
+    )
+    return {"written": written}
 
 
 async def http_fetch(ctx: Context, args: dict[str, Any]) -> Any:
@@ -122,7 +127,7 @@ async def sql_query(ctx: Context, args: dict[str, Any]) -> Any:
 
 
 async def list_dir(ctx: Context, args: dict[str, Any]) -> Any:
-    return {"entries": ctx.workspace.list(str(args.get("path") or "."))}
+    return {"entries": await ctx.workspace.list(str(args.get("path") or "."), ctx.limits.wall_s)}
 
 
 TOOLS: dict[str, Tool] = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +12,7 @@ import pytest
 from sandbox.config import GrantConfig, Resources, SandboxConfig
 from sandbox.core import Sandbox
 from sandbox.protocol import Principal, SessionCreate, ToolCall, ToolResult
+from sandbox.workspace import sweep
 
 EVERYTHING = GrantConfig(
     tools=["run_python", "run_shell", "read_file", "write_file", "list_dir"],
@@ -23,12 +24,13 @@ WHO = Principal(tenant="acme", key="k1")
 
 
 @pytest.fixture
-def config(sandbox_root: Path) -> SandboxConfig:
+def config(sandbox_root: Path) -> Iterator[SandboxConfig]:
     if os.geteuid() != 0 or shutil.which("bwrap") is None:
         pytest.fail("the sandbox tests need root and bubblewrap: run ./scripts/install.sh")
-    return SandboxConfig(
+    yield SandboxConfig(
         token="test-token", root=sandbox_root, grants_by_tenant={"acme": EVERYTHING}
     )
+    sweep(sandbox_root)  # workspaces are mounts: a test that left sessions must not leak them
 
 
 class Harness:

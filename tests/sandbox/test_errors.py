@@ -24,7 +24,9 @@ from sandbox.errors import (
     SandboxUnreachable,
     SessionExists,
     SessionNotFound,
+    SpecialFile,
     ToolRefused,
+    ToolTimeout,
     Unauthorized,
     UnknownTool,
 )
@@ -44,7 +46,7 @@ WIRE: list[tuple[type[SandboxError], int, str]] = [
 # Members of the tree that the service never answers with: raised, they are bugs (500).
 NOT_ANSWERED = {
     SandboxError, SandboxUnreachable, RuntimeUnavailable, ToolRefused, Escape, EgressDenied,
-    QueryRefused,
+    QueryRefused, SpecialFile, ToolTimeout,
 }  # fmt: skip
 
 

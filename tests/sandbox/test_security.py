@@ -3,11 +3,18 @@ containment. All run on loopback only, bounded in time by the resource class (wa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import time
+import uuid
+from pathlib import Path
 
+from sandbox.policy import ResourceClass
+from sandbox.runtime.cgroups import ROOT as CGROUP_ROOT
+from sandbox.runtime.cgroups import V1 as V1_CONTROLLERS
+from sandbox.runtime.cgroups import Cgroup
 from tests.sandbox.conftest import Harness
 
 
@@ -163,24 +170,79 @@ async def test_another_sessions_workspace_is_out_of_reach(sbx: Harness):
     assert "secret" not in r.stdout
 
 
+def cgroup_hierarchy() -> str:
+    """The hierarchy this host gives the runtimes, asserted usable: "v2" (unified, with the
+    memory, pids and cpu controllers) or "v1" (those controllers mounted one by one)."""
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        controllers = (CGROUP_ROOT / "cgroup.controllers").read_text().split()
+        assert {"memory", "pids", "cpu"} <= set(controllers), controllers
+        return "v2"
+    assert all((CGROUP_ROOT / c).is_dir() for c in ("memory", "pids", "cpu")), "no cgroups"
+    return "v1"
+
+
+def run_cgroups(hierarchy: str) -> dict[str, list[Path]]:
+    """Every run cgroup on this host, by name: its directory under each controller."""
+    parents = (
+        [CGROUP_ROOT / "gearshift"]
+        if hierarchy == "v2"
+        else [CGROUP_ROOT / c / "gearshift" for c in V1_CONTROLLERS]
+    )
+    found: dict[str, list[Path]] = {}
+    for parent in parents:
+        for d in parent.iterdir() if parent.is_dir() else ():
+            if d.is_dir():
+                found.setdefault(d.name, []).append(d)
+    return found
+
+
+def started_here(cgroup: Path) -> bool:
+    """Whether a child of this process is in ``cgroup``: each run's launcher is a child of
+    the process that runs the sandbox, so other sandbox services on the host never count."""
+    with contextlib.suppress(OSError):
+        for pid in (cgroup / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+                if int(ppid) == os.getpid():
+                    return True
+    return False
+
+
 async def test_concurrent_calls_are_isolated_and_their_cgroups_removed(sbx: Harness):
     import asyncio
 
-    parent = "/sys/fs/cgroup/pids/gearshift"
+    hierarchy = cgroup_hierarchy()
+    probe = Cgroup("probe-" + uuid.uuid4().hex[:8], ResourceClass())
+    try:  # the runtimes use the hierarchy this test checks
+        assert probe.v2 == (hierarchy == "v2")
+    finally:
+        probe.remove()
+    ours: dict[str, set[Path]] = {}
 
-    def cgroups() -> set[str]:
-        return (
-            {d for d in os.listdir(parent) if os.path.isdir(f"{parent}/{d}")}
-            if os.path.isdir(parent)
-            else set()
+    async def watch() -> None:
+        while True:  # a listing may catch a cgroup mid-creation: its directories add up
+            for name, dirs in run_cgroups(hierarchy).items():
+                if name in ours or any(started_here(d) for d in dirs):
+                    ours.setdefault(name, set()).update(dirs)
+            await asyncio.sleep(0.002)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        results = await asyncio.gather(
+            *(sbx.py(f"import time; time.sleep(0.2); print({i} * 2)") for i in range(6))
         )
-
-    before = cgroups()
-    results = await asyncio.gather(*(sbx.py(f"print({i} * 2)") for i in range(6)))
+    finally:
+        watcher.cancel()
     assert [r.stdout.strip() for r in results] == [str(i * 2) for i in range(6)]
     assert sbx.gvisor or all(r.usage.get("cpu_s", 0) > 0 for r in results)
+    if not sbx.gvisor:  # runsc makes cgroups of its own; bubblewrap runs use ours
+        assert ours, f"no run cgroup of this test seen under cgroup {hierarchy}: nothing checked"
+        if hierarchy == "v1":  # a directory under each controller
+            assert all({d.parent.parent.name for d in dirs} == set(V1_CONTROLLERS)
+                       for dirs in ours.values()), ours  # fmt: skip
     await sbx.sandbox.remove(sbx.session)
-    assert cgroups() <= before
+    left = [d for dirs in ours.values() for d in dirs if d.exists()]
+    assert left == [], f"run cgroups left behind under cgroup {hierarchy}: {left}"
 
 
 def test_no_sandboxed_process_is_left_running():
