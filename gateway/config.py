@@ -182,6 +182,12 @@ class StoreSettings(Section):
         default=True, description="run `alembic upgrade head` at start-up (off: refuse if behind)"
     )
     queue_size: int = Field(default=10_000, ge=1, description="steps held in memory before on_full")
+    queue_mb: int = Field(
+        default=512,
+        ge=1,
+        description="megabytes of encoded steps held in memory before on_full (an agent step "
+        "with its history and prompt token ids is about 0.1 MB)",
+    )
     batch_size: int = Field(
         default=256, ge=1, description="most steps committed in one transaction"
     )

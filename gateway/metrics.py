@@ -131,6 +131,11 @@ class Metrics:
         self.recorder_queued = Gauge(
             "gearshift_recorder_queue", "Steps waiting to be written to the store", registry=r
         )
+        self.recorder_queued_bytes = Gauge(
+            "gearshift_recorder_queue_bytes",
+            "Bytes of encoded steps waiting to be written (bounded by store.queue_mb)",
+            registry=r,
+        )
         self.recorder_written = Counter(
             "gearshift_recorder_written", "Steps committed to the store", registry=r
         )

@@ -8,7 +8,9 @@ at most ``batch_size``), sends it to the writer process
 comes after the commit. Under load batches grow on their own while the writer
 is busy.
 
-When the queue is full the configured policy applies: ``wait`` holds the
+The queue is bounded twice: in steps (``queue_size``) and in bytes (``queue_mb``:
+an agent step, whole history and prompt ids, is about a hundred times a chat
+step). When either is reached the configured policy applies: ``wait`` holds the
 request for up to ``wait_s`` (backpressure), then drops; ``drop`` drops at
 once. Every drop is counted (``gearshift_recorder_dropped_total``) and logged:
 never silent. If the writer process dies it is restarted and the unacknowledged
@@ -69,7 +71,9 @@ class Recorder:
         self.metrics = metrics
         self.hooks = list(hooks or [])
         self.engine: Engine | None = None  # this process's, for operations and reads
-        self._queue: asyncio.Queue[orjson.Fragment | _Op] = asyncio.Queue(settings.queue_size)
+        self._queue: asyncio.Queue[bytes | _Op] = asyncio.Queue()  # bounded by _fits
+        self._queued_bytes = 0
+        self._room = asyncio.Condition()  # notified when the consumer takes steps
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-ops")
         self._task: asyncio.Task[None] | None = None
         self._proc: asyncio.subprocess.Process | None = None
@@ -140,19 +144,29 @@ class Recorder:
         if self._closing:
             return self._drop(rec, "closing")
         step = encode_step(rec)
-        try:
-            self._queue.put_nowait(step)
+        if self._fits(step):
+            self._put(step)
             return True
-        except asyncio.QueueFull:
-            pass
         if self.settings.on_full == "wait":
             try:
-                async with asyncio.timeout(self.settings.wait_s):
-                    await self._queue.put(step)
+                async with asyncio.timeout(self.settings.wait_s), self._room:
+                    await self._room.wait_for(lambda: self._fits(step))
+                    self._put(step)
                 return True
             except TimeoutError:
                 pass
         return self._drop(rec, "queue_full")
+
+    def _fits(self, step: bytes) -> bool:
+        """Room for ``step`` in both bounds (one step always fits an empty queue)."""
+        if self._queue.qsize() >= self.settings.queue_size:
+            return False
+        limit = self.settings.queue_mb * 1_000_000
+        return self._queued_bytes == 0 or self._queued_bytes + len(step) <= limit
+
+    def _put(self, step: bytes) -> None:
+        self._queue.put_nowait(step)
+        self._queued_bytes += len(step)
 
     def _drop(self, rec: StepRecord, why: str) -> bool:
         self.metrics.recorder_dropped.labels(why).inc()
@@ -160,9 +174,10 @@ class Recorder:
         if now - self._dropped_logged_at > 5.0:
             self._dropped_logged_at = now
             log.warning(
-                "recorder dropped request %s (%s; queue %d/%d, on_full=%s); "
+                "recorder dropped request %s (%s; queue %d/%d steps, %.1f/%d MB, on_full=%s); "
                 "see gearshift_recorder_dropped_total",
                 rec.request_id, why, self._queue.qsize(), self.settings.queue_size,
+                self._queued_bytes / 1e6, self.settings.queue_mb,
                 self.settings.on_full,
             )  # fmt: skip
         return False
@@ -172,7 +187,7 @@ class Recorder:
         if self._closing or self._task is None:
             raise RecorderClosed("the trajectory store is not running")
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Op(fn, future))
+        self._queue.put_nowait(_Op(fn, future))  # operations come from few callers: unbounded
         return await future
 
     # -- the consumer -----------------------------------------------------
@@ -180,18 +195,24 @@ class Recorder:
     async def _consume(self) -> None:
         while True:
             batch = await self._collect()
+            taken = sum(len(item) for item in batch if isinstance(item, bytes))
+            self._queued_bytes -= taken
             self.metrics.recorder_queued.set(self._queue.qsize())
+            self.metrics.recorder_queued_bytes.set(self._queued_bytes)
+            if taken:
+                async with self._room:
+                    self._room.notify_all()
             run: list[orjson.Fragment] = []
             for item in batch:
-                if not isinstance(item, _Op):
-                    run.append(item)
+                if isinstance(item, bytes):
+                    run.append(orjson.Fragment(item))
                     continue
                 await self._send(run)
                 run = []
                 await self._run_op(item)
             await self._send(run)
 
-    async def _collect(self) -> list[orjson.Fragment | _Op]:
+    async def _collect(self) -> list[bytes | _Op]:
         """The next batch: what is queued after lingering linger_s, at most batch_size.
 
         One sleep per batch rather than a timeout per item: under load the linger is

@@ -57,10 +57,11 @@ def encode(message: Any) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def encode_step(rec: StepRecord) -> orjson.Fragment:
-    """A record as its entry in a batch frame, encoded once when it is offered: the queue
-    then holds bytes, which the collector never walks, instead of the record's objects."""
-    return orjson.Fragment(orjson.dumps(rec, default=as_written))
+def encode_step(rec: StepRecord) -> bytes:
+    """A record as its entry in a batch frame (``orjson.Fragment`` of it), encoded once
+    when it is offered: the queue then holds bytes, which the collector never walks,
+    instead of the record's objects."""
+    return orjson.dumps(rec, default=as_written)
 
 
 def read_frame(stream: BinaryIO) -> Any | None:

@@ -20,10 +20,10 @@ from gateway.store.chain import history_hash
 from gateway.store.schema import steps
 
 
-def rec(step_id: str | None = None) -> StepRecord:
+def rec(step_id: str | None = None, content: str = "x") -> StepRecord:
     return StepRecord(
         step_ids=[step_id or uuid.uuid4().hex], request_id=uuid.uuid4().hex, tenant="t",
-        api_key="k", endpoint="chat", request={"messages": [{"role": "user", "content": "x"}]},
+        api_key="k", endpoint="chat", request={"messages": [{"role": "user", "content": content}]},
         external_session=None, task_id=None, group_id=None, created_at=time.time(), status=200,
         prompt_token_ids=[1, 2], choices=[ChoiceCapture(0, {"role": "assistant", "content": "y"}, [3], [-0.1])],
     )  # fmt: skip
@@ -77,6 +77,36 @@ async def test_drop_policy_counts_every_drop(tmp_path):
         == 2
     )
     gate.set()
+    await r.close()
+
+
+async def test_the_queue_is_bounded_in_bytes_too(tmp_path):
+    metrics = Metrics()
+    r = Recorder(settings(tmp_path, queue_mb=1, on_full="drop", linger_s=0), metrics)
+    await r.start()
+    gate = await blocked(r)
+    big = "x" * 400_000  # an agent's history: a few of them fill a megabyte
+    assert await r.record(rec(content=big))  # taken by the writer, which now hangs
+    await asyncio.sleep(0.05)
+    assert await r.record(rec(content=big)) and await r.record(rec(content=big))
+    assert not await r.record(rec(content=big))  # 1.2 MB would be over 1 MB
+    assert await r.record(rec())  # a small step still fits
+    queued = metrics.registry.get_sample_value("gearshift_recorder_queue_bytes")
+    dropped = {"reason": "queue_full"}
+    assert metrics.registry.get_sample_value("gearshift_recorder_dropped_total", dropped) == 1
+    gate.set()
+    await r.call(lambda conn: None)  # everything queued is written
+    assert count_steps(r) == 5 and queued is not None
+    assert metrics.registry.get_sample_value("gearshift_recorder_queue_bytes") == 0
+    await r.close()
+
+
+async def test_a_step_larger_than_the_bound_is_taken_when_the_queue_is_empty(tmp_path):
+    r = Recorder(settings(tmp_path, queue_mb=1, on_full="drop", linger_s=0), Metrics())
+    await r.start()
+    assert await r.record(rec(content="x" * 2_000_000))
+    await r.call(lambda conn: None)
+    assert count_steps(r) == 1
     await r.close()
 
 
