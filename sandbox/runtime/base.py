@@ -103,11 +103,7 @@ class Streams:
 
     async def run(self, stdin: bytes, wall_s: float) -> bool:
         """Feed stdin, read until the process ends; False when the wall time ran out."""
-        assert self.proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self.proc.stdin.write(stdin)
-            await self.proc.stdin.drain()
-            self.proc.stdin.close()
+        await self._feed(stdin)
         try:
             async with asyncio.timeout(wall_s):
                 await self._readers
@@ -115,6 +111,18 @@ class Streams:
             return True
         except TimeoutError:
             return False
+
+    async def _feed(self, stdin: bytes) -> None:
+        """Write ``stdin`` and close the pipe. The process may have ended and its pipe
+        closed already (a quick run, under load): uvloop then refuses a write with a
+        RuntimeError, not a broken pipe, so a closing pipe is not written to at all."""
+        pipe = self.proc.stdin
+        assert pipe is not None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            if stdin and not pipe.is_closing():
+                pipe.write(stdin)
+                await pipe.drain()
+        pipe.close()
 
     async def close(self) -> None:
         """Stop reading (after the process tree was killed)."""

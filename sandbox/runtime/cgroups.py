@@ -21,16 +21,23 @@ ROOT = Path("/sys/fs/cgroup")
 V1 = ("memory", "pids", "cpu", "cpuacct")
 
 
-def remove_stale(root: Path = ROOT) -> int:
-    """Remove the empty run cgroups a crashed service left behind (never touches a
-    cgroup with processes in it: another sandbox service may own it)."""
+STALE_AFTER_S = 60.0
+
+
+def remove_stale(root: Path = ROOT, older_than_s: float = STALE_AFTER_S) -> int:
+    """Remove the empty run cgroups a crashed service left behind. Never one with
+    processes in it, nor one made in the last ``older_than_s``: another sandbox service
+    on the host creates a run's cgroup empty and moves the run into it a moment later."""
     removed = 0
+    cutoff = time.time() - older_than_s
     for parent in [root / "gearshift", *(root / c / "gearshift" for c in V1)]:
         if not parent.is_dir():
             continue
         for d in parent.iterdir():
             with contextlib.suppress(OSError):
-                if d.is_dir() and not (d / "cgroup.procs").read_text().strip():
+                if not d.is_dir() or d.stat().st_mtime > cutoff:
+                    continue
+                if not (d / "cgroup.procs").read_text().strip():
                     d.rmdir()
                     removed += 1
     return removed
