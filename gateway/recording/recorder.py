@@ -1,7 +1,9 @@
 """The recorder: a bounded queue on the request path, a writer process behind it.
 
 The request path only builds a ``StepRecord`` and offers it (``record``), which encodes
-it at once into its entry of a writer frame: what waits in the queue is bytes. A
+it at once into its entry of a writer frame: what waits in the queue is bytes. A sandbox
+result for a tool call a queued or written step made goes the same way
+(``tool_result``: a ``ToolResultRecord``, in order after that step). A
 consumer task takes whatever has queued up (waiting up to ``linger_s`` for more,
 at most ``batch_size``), sends it to the writer process
 (``gateway.recording.writer_process``) and waits for its acknowledgement, which
@@ -29,6 +31,7 @@ import contextlib
 import logging
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -37,14 +40,15 @@ from sqlalchemy import Connection, Engine
 
 from gateway.config import StoreSettings
 from gateway.metrics import Metrics
-from gateway.recording.records import StepRecord
-from gateway.recording.writer_process import HEADER, encode, encode_step
+from gateway.recording.records import StepRecord, ToolResultRecord
+from gateway.recording.writer_process import HEADER, Record, encode, encode_step
 from gateway.store.database import make_engine, prepare_schema
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 FLUSH_TIMEOUT_S = 60
+KNOWN_SESSIONS = 100_000  # named sessions whose tool call ids are kept for ``tool_result``
 
 
 class RecorderClosed(Exception):
@@ -74,6 +78,8 @@ class Recorder:
         self._queue: asyncio.Queue[bytes | _Op] = asyncio.Queue()  # bounded by _fits
         self._queued_bytes = 0
         self._room = asyncio.Condition()  # notified when the consumer takes steps
+        # (tenant, client session name) -> ids of the tool calls its offered steps made
+        self._calls: OrderedDict[tuple[str, str], set[str]] = OrderedDict()
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-ops")
         self._task: asyncio.Task[None] | None = None
         self._proc: asyncio.subprocess.Process | None = None
@@ -139,10 +145,12 @@ class Recorder:
 
     # -- request path -----------------------------------------------------
 
-    async def record(self, rec: StepRecord) -> bool:
-        """Offer a step; False when it was dropped (counted and logged)."""
+    async def record(self, rec: Record) -> bool:
+        """Offer a step (or a tool result); False when it was dropped (counted and logged)."""
         if self._closing:
             return self._drop(rec, "closing")
+        if isinstance(rec, StepRecord):
+            self._remember_calls(rec)
         step = encode_step(rec)
         if self._fits(step):
             self._put(step)
@@ -157,6 +165,27 @@ class Recorder:
                 pass
         return self._drop(rec, "queue_full")
 
+    def _remember_calls(self, rec: StepRecord) -> None:
+        """The tool calls of a named session's step, for ``tool_result``."""
+        made = rec.call_ids() if rec.external_session is not None else None
+        if not made:
+            return
+        key = (rec.tenant, str(rec.external_session))
+        self._calls.setdefault(key, set()).update(made)
+        self._calls.move_to_end(key)
+        if len(self._calls) > KNOWN_SESSIONS:
+            self._calls.popitem(last=False)
+
+    async def tool_result(
+        self, tenant: str, session: str, call_id: str, outcome: dict[str, Any]
+    ) -> bool | None:
+        """Queue a sandbox result for a tool call this gateway recorded (its step offered
+        here, in this process's lifetime): True when queued, False when dropped; None when
+        the call is not known here (the caller then looks in the store)."""
+        if call_id not in self._calls.get((tenant, session), ()):
+            return None
+        return await self.record(ToolResultRecord(tenant, session, call_id, outcome, time.time()))
+
     def _fits(self, step: bytes) -> bool:
         """Room for ``step`` in both bounds (one step always fits an empty queue)."""
         if self._queue.qsize() >= self.settings.queue_size:
@@ -168,15 +197,15 @@ class Recorder:
         self._queue.put_nowait(step)
         self._queued_bytes += len(step)
 
-    def _drop(self, rec: StepRecord, why: str) -> bool:
+    def _drop(self, rec: Record, why: str) -> bool:
         self.metrics.recorder_dropped.labels(why).inc()
         now = time.monotonic()
         if now - self._dropped_logged_at > 5.0:
             self._dropped_logged_at = now
             log.warning(
-                "recorder dropped request %s (%s; queue %d/%d steps, %.1f/%d MB, on_full=%s); "
+                "recorder dropped %s (%s; queue %d/%d steps, %.1f/%d MB, on_full=%s); "
                 "see gearshift_recorder_dropped_total",
-                rec.request_id, why, self._queue.qsize(), self.settings.queue_size,
+                rec.describe(), why, self._queue.qsize(), self.settings.queue_size,
                 self._queued_bytes / 1e6, self.settings.queue_mb,
                 self.settings.on_full,
             )  # fmt: skip

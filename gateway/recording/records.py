@@ -80,3 +80,31 @@ class StepRecord:
     duration_ms: float = 0.0
     error: str | None = None
     chain: ChainHashes | None = None
+
+    def describe(self) -> str:
+        return f"request {self.request_id}"
+
+    def call_ids(self) -> set[str]:
+        """The ids of the tool calls its answers made."""
+        return {
+            str(call["id"])
+            for choice in self.choices
+            for call in (choice.message or {}).get("tool_calls") or ()
+            if isinstance(call, dict) and call.get("id")
+        }
+
+
+@dataclass(slots=True)
+class ToolResultRecord:
+    """A sandbox run answering a recorded tool call (``POST /v1/tools/{name}`` with a
+    ``tool_call_id``): written in the writer's batches, after the step that made the call."""
+
+    tenant: str
+    session: str  # the client's session name
+    call_id: str
+    outcome: dict[str, Any]  # the sandbox's result, with ``text``: what the model will read
+    created_at: float
+    kind: str = "tool_result"
+
+    def describe(self) -> str:
+        return f"the tool result for call {self.call_id!r}"

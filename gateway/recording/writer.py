@@ -18,13 +18,14 @@ import hashlib
 import logging
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import orjson
 from sqlalchemy import Connection, bindparam, func, insert, select, update
 
-from gateway.recording.records import ChoiceCapture, RawJson, StepRecord
+from gateway.recording.records import ChoiceCapture, RawJson, StepRecord, ToolResultRecord
 from gateway.store import chain, codec, rewards
 from gateway.store.rows import insert_ignore, now_utc, session_key
 from gateway.store.schema import blobs, sessions, steps, tenants, tool_calls
@@ -64,6 +65,21 @@ _ANSWER_CALL = (
 )
 
 
+_SANDBOX_COLUMNS = ("result", "status", "exit_status", "duration_ms", "denial",
+                   "injected_fault", "attestation")  # fmt: skip
+_NO_SANDBOX_RESULT = dict.fromkeys(_SANDBOX_COLUMNS[2:])
+_SANDBOX_RESULT = (
+    update(tool_calls)
+    .where(tool_calls.c.id == bindparam("pk"))
+    .values({c: bindparam("set_" + c) for c in _SANDBOX_COLUMNS})
+)
+_CALL_BY_ID = (
+    select(tool_calls.c.id, tool_calls.c.attestation)
+    .where(tool_calls.c.session_id == bindparam("sid"), tool_calls.c.call_id == bindparam("call"))
+    .limit(1)
+)
+
+
 class _LRU(OrderedDict[str, Any]):
     def __init__(self, capacity: int) -> None:
         super().__init__()
@@ -87,6 +103,7 @@ class _Pending:
         self.calls: list[dict[str, Any]] = []
         self.rewards: list[dict[str, Any]] = []
         self.answers: list[dict[str, Any]] = []
+        self.sandbox_results: list[dict[str, Any]] = []  # for committed calls
         self.answered: set[str] = set()  # committed calls answered in this batch
         # session -> its calls made in this batch and not answered yet, by call id
         self.open_calls: dict[str, dict[str, dict[str, Any]]] = {}
@@ -112,6 +129,8 @@ class _Pending:
                 conn.execute(insert(table), rows)
         if self.answers:
             conn.execute(_ANSWER_CALL, self.answers)
+        if self.sandbox_results:
+            conn.execute(_SANDBOX_RESULT, self.sandbox_results)
 
 
 class StepWriter:
@@ -134,12 +153,15 @@ class StepWriter:
         self._calls.clear()
         self._pending = _Pending()
 
-    def write(self, conn: Connection, records: list[StepRecord]) -> None:
+    def write(self, conn: Connection, records: Sequence[StepRecord | ToolResultRecord]) -> None:
         """Write ``records`` in ``conn``'s transaction. Reads never need what is pending:
         the caches hold every chain link, step number and tool call this batch adds, so
         the batch is one INSERT per table however many lookups it made."""
         for rec in records:
-            self._write_one(conn, rec)
+            if isinstance(rec, ToolResultRecord):
+                self._sandbox_result(conn, rec)
+            else:
+                self._write_one(conn, rec)
         self._pending.flush(conn)
         self._pending = _Pending()
 
@@ -326,8 +348,10 @@ class StepWriter:
             "arguments": args,
             "arguments_valid": problem is None,
             "status": "pending",
-            "result": None,  # set in place if a later step of this batch answers it
+            # set in place when a sandbox run or a later step of this batch answers it
+            "result": None,
             "result_step_id": None,
+            **_NO_SANDBOX_RESULT,
             "created_at": created,
             "_problem": problem,
             "_repeated": repeated,
@@ -391,6 +415,41 @@ class StepWriter:
             )
         return out
 
+    def _sandbox_result(self, conn: Connection, rec: ToolResultRecord) -> None:
+        """Set a sandbox run's outcome on the call it answers (pending in this batch, or
+        committed) with its rewards. Applied once: a batch resent after a crash finds the
+        committed call carrying the same attestation."""
+        sid = session_key(rec.tenant, rec.session)
+        values, earned = rewards.sandbox_outcome(rec.outcome)
+        p = self._pending
+        row = next(
+            (
+                c
+                for c in reversed(p.calls)
+                if c["session_id"] == sid and c["call_id"] == rec.call_id
+            ),
+            None,
+        )
+        if row is not None:
+            row.update(values)
+            p.open_calls.get(sid, {}).pop(rec.call_id, None)  # answered: no step pairs it again
+            call_pk = row["id"]
+        else:
+            found = conn.execute(_CALL_BY_ID, {"sid": sid, "call": rec.call_id}).first()
+            if found is None:
+                log.warning("tool result for unknown call %r of session %r", rec.call_id, sid)
+                return
+            call_pk, attestation = found
+            if call_pk in p.answered or (attestation and attestation == values["attestation"]):
+                return
+            p.answered.add(call_pk)
+            p.sandbox_results.append({"pk": call_pk} | {"set_" + k: v for k, v in values.items()})
+        created = now_utc(rec.created_at)
+        p.rewards += [
+            _reward(rec, sid, None, call_pk, name, value, created, source="sandbox")
+            for name, value in earned.items()
+        ]
+
     def _session_calls(self, conn: Connection, sid: str) -> set[str]:
         made = self._calls.get(sid)
         if made is None:
@@ -448,13 +507,14 @@ def session_row(rec: StepRecord, sid: str) -> dict[str, Any]:
 
 
 def _reward(
-    rec: StepRecord,
+    rec: StepRecord | ToolResultRecord,
     sid: str,
     step_id: str | None,
     call_id: str | None,
     name: str,
     value: float,
     created: datetime,
+    source: str = "gateway",
 ) -> dict[str, Any]:
     scope = "tool_call" if call_id else "step" if step_id else "session"
     return {
@@ -465,6 +525,6 @@ def _reward(
         "scope": scope,
         "name": name,
         "value": value,
-        "source": "gateway",
+        "source": source,
         "created_at": created,
     }

@@ -10,7 +10,7 @@ The first frame configures the writer (on stdin, not argv, so that a database
 password never shows in the process list):
 
     gateway -> writer  {"url": ..., "dead_letter": ..., "cpus": [..] | null, "hooks": [..]}
-    gateway -> writer  {"batch": N, "resend": bool, "records": [StepRecord, ...]}
+    gateway -> writer  {"batch": N, "resend": bool, "records": [StepRecord | ToolResultRecord, ...]}
     writer -> gateway  {"batch": N, "written": n, "dead": m, "seconds": s}
 
 The acknowledgement is sent after the commit, so an acknowledged record is on
@@ -39,7 +39,7 @@ from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from gateway.recording.cut import as_written
-from gateway.recording.records import ChainHashes, ChoiceCapture, StepRecord
+from gateway.recording.records import ChainHashes, ChoiceCapture, StepRecord, ToolResultRecord
 from gateway.recording.writer import StepWriter
 from gateway.store.database import make_engine
 from gateway.store.rewards import load_hooks
@@ -48,6 +48,7 @@ from gateway.store.schema import steps
 log = logging.getLogger("gearshift.recorder")
 
 HEADER = struct.Struct(">I")
+Record = StepRecord | ToolResultRecord
 MAX_FRAME = 1 << 30
 FULL_COLLECTION_EVERY = 64  # batches; young collections run after every batch
 
@@ -57,7 +58,7 @@ def encode(message: Any) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def encode_step(rec: StepRecord) -> bytes:
+def encode_step(rec: Record) -> bytes:
     """A record as its entry in a batch frame (``orjson.Fragment`` of it), encoded once
     when it is offered: the queue then holds bytes, which the collector never walks,
     instead of the record's objects."""
@@ -77,7 +78,9 @@ def read_frame(stream: BinaryIO) -> Any | None:
     return orjson.loads(body)
 
 
-def to_record(d: dict[str, Any]) -> StepRecord:
+def to_record(d: dict[str, Any]) -> StepRecord | ToolResultRecord:
+    if d.get("kind") == "tool_result":
+        return ToolResultRecord(**d)
     d["choices"] = [ChoiceCapture(**c) for c in d.get("choices") or ()]
     if d.get("chain") is not None:
         d["chain"] = ChainHashes(**d["chain"])
@@ -92,7 +95,7 @@ class BatchWriter:
         self.dead_letter = dead_letter
         self.writer = writer
 
-    def write(self, records: list[StepRecord], resend: bool) -> tuple[int, int]:
+    def write(self, records: list[Record], resend: bool) -> tuple[int, int]:
         """(written, dead-lettered)."""
         if resend:
             records = self._not_yet_written(records)
@@ -117,11 +120,13 @@ class BatchWriter:
                 dead += 1
         return written, dead
 
-    def _not_yet_written(self, records: list[StepRecord]) -> list[StepRecord]:
-        ids = [r.step_ids[0] for r in records]
+    def _not_yet_written(self, records: list[Record]) -> list[Record]:
+        """Steps whose first id is not committed; every tool result (applying one twice is
+        a no-op: see ``StepWriter._sandbox_result``)."""
+        ids = [r.step_ids[0] for r in records if isinstance(r, StepRecord)]
         with self.engine.connect() as conn:
             have = set(conn.execute(select(steps.c.id).where(steps.c.id.in_(ids))).scalars())
-        return [r for r in records if r.step_ids[0] not in have]
+        return [r for r in records if not isinstance(r, StepRecord) or r.step_ids[0] not in have]
 
     def _with_retry(self, fn: Callable[[Connection], Any]) -> Any:
         """Run ``fn`` in a transaction; retry while the database is unreachable."""
@@ -141,10 +146,10 @@ class BatchWriter:
                 self.writer.forget_caches()
                 raise
 
-    def _dead_letter(self, rec: StepRecord, exc: Exception) -> None:
+    def _dead_letter(self, rec: Record, exc: Exception) -> None:
         log.error(
-            "request %s could not be written (%r); kept in %s",
-            rec.request_id, exc, self.dead_letter,
+            "%s could not be written (%r); kept in %s",
+            rec.describe(), exc, self.dead_letter,
             exc_info=not isinstance(exc, DBAPIError),  # a bug: keep its traceback
         )  # fmt: skip
         self.dead_letter.parent.mkdir(parents=True, exist_ok=True)

@@ -214,23 +214,10 @@ def record_tool_result(
     ).first()
     if row is None:
         return False
-    status = (
-        "denied" if not outcome["allowed"] else "ok" if outcome.get("exit_status") == 0 else "error"
-    )
-    conn.execute(
-        update(tool_calls)
-        .where(tool_calls.c.id == row[0])
-        .values(
-            result=outcome.get("text"), status=status, exit_status=outcome.get("exit_status"),
-            duration_ms=outcome.get("duration_ms"), denial=None if outcome["allowed"] else outcome.get("reason"),
-            injected_fault=outcome.get("fault"), attestation=outcome.get("attestation"),
-        )
-    )  # fmt: skip
+    values, earned = reward_fns.sandbox_outcome(outcome)
+    conn.execute(update(tool_calls).where(tool_calls.c.id == row[0]).values(**values))
     now = now_utc()
-    values = {"tool_success": 1.0 if status == "ok" else -1.0}
-    if outcome.get("duration_ms"):
-        values["tool_seconds"] = -float(outcome["duration_ms"]) / 1000
-    for name, value in values.items():
+    for name, value in earned.items():
         conn.execute(
             insert(rewards_t).values(
                 tenant_id=tenant, session_id=sid, tool_call_id=row[0], scope="tool_call",

@@ -73,6 +73,22 @@ def tool_outcome_from_text(result: str) -> bool:
     return not any(head.startswith(m) or f'"{m}"' in head for m in ERROR_MARKERS)
 
 
+def sandbox_outcome(outcome: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
+    """What a sandbox run sets on the tool call it answers (``tool_calls`` columns), and the
+    rewards it earns (``tool_success``, ``tool_seconds``)."""
+    allowed = bool(outcome.get("allowed"))
+    status = "denied" if not allowed else "ok" if outcome.get("exit_status") == 0 else "error"
+    values = {
+        "result": outcome.get("text"), "status": status, "exit_status": outcome.get("exit_status"),
+        "duration_ms": outcome.get("duration_ms"), "denial": None if allowed else outcome.get("reason"),
+        "injected_fault": outcome.get("fault"), "attestation": outcome.get("attestation"),
+    }  # fmt: skip
+    earned = {"tool_success": 1.0 if status == "ok" else -1.0}
+    if outcome.get("duration_ms"):
+        earned["tool_seconds"] = -float(outcome["duration_ms"]) / 1000
+    return values, earned
+
+
 def call_signature(tool: str, arguments: str) -> str:
     return f"{tool}\x00{canonical_args(arguments)}"
 

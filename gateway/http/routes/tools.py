@@ -7,7 +7,9 @@ The session is the caller's ``X-Session-Id`` (or ``session_id`` in the body): on
 workspace per tenant and session, created on first use. The sandbox decides with the
 caller's tenant and key. When the call answers a tool call a recorded step made
 (``tool_call_id``), its result, exit status, denial, injected fault and attestation are
-stored on that tool call, with ``tool_success`` and ``tool_seconds`` rewards.
+stored on that tool call, with ``tool_success`` and ``tool_seconds`` rewards; ``recorded``
+in the answer says so (queued for the store, like the steps, when this gateway recorded
+the call; committed, when the call is found in the store instead).
 """
 
 from __future__ import annotations
@@ -66,9 +68,15 @@ def build_router(services: Services) -> APIRouter:
                 orjson.dumps(result.output).decode() if result.output is not None else result.stderr
             )
             outcome = result.model_dump() | {"text": text}
-            recorded = await services.recorder.call(
-                lambda c: queries.record_tool_result(
-                    c, who.tenant, session, body.tool_call_id or "", outcome
+            call_id = body.tool_call_id
+            # A call this gateway recorded goes to the writer's batches like the steps;
+            # another replica's (or one from before a restart) is looked up in the store.
+            known = await services.recorder.tool_result(who.tenant, session, call_id, outcome)
+            recorded = (
+                known
+                if known is not None
+                else await services.recorder.call(
+                    lambda c: queries.record_tool_result(c, who.tenant, session, call_id, outcome)
                 )
             )
         data = result.model_dump() | {"recorded": recorded}

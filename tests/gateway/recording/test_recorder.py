@@ -17,7 +17,7 @@ from gateway.metrics import Metrics
 from gateway.recording.recorder import Recorder
 from gateway.recording.records import ChoiceCapture, StepRecord
 from gateway.store.chain import history_hash
-from gateway.store.schema import steps
+from gateway.store.schema import steps, tool_calls
 
 
 def rec(step_id: str | None = None, content: str = "x") -> StepRecord:
@@ -194,3 +194,24 @@ def test_history_hash_reads_only_string_text_parts():
     ]
     plain = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
     assert history_hash(odd) == history_hash(plain)
+
+
+async def test_a_tool_result_is_queued_only_for_a_call_this_gateway_recorded(tmp_path):
+    r = Recorder(settings(tmp_path, linger_s=0), Metrics())
+    await r.start()
+    step = rec()
+    step.external_session = "agent-1"
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    step.choices = [ChoiceCapture(0, {"role": "assistant", "content": None, "tool_calls": [call]})]
+    outcome = {"allowed": True, "exit_status": 0, "text": "ok", "attestation": "a"}
+    assert await r.tool_result("t", "agent-1", "call_1", outcome) is None  # not made yet
+    assert await r.record(step)
+    assert await r.tool_result("t", "agent-1", "call_1", outcome) is True
+    assert await r.tool_result("t", "agent-2", "call_1", outcome) is None  # another session
+    assert await r.tool_result("other", "agent-1", "call_1", outcome) is None  # another tenant
+    await r.call(lambda conn: None)
+    assert r.engine is not None
+    with r.engine.connect() as conn:
+        status = conn.execute(select(tool_calls.c.status, tool_calls.c.attestation)).one()
+    assert tuple(status) == ("ok", "a")
+    await r.close()

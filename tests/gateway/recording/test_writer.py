@@ -17,7 +17,13 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from gateway.recording.records import ChainHashes, ChoiceCapture, RawJson, StepRecord
+from gateway.recording.records import (
+    ChainHashes,
+    ChoiceCapture,
+    RawJson,
+    StepRecord,
+    ToolResultRecord,
+)
 from gateway.recording.writer import StepWriter
 from gateway.store import chain
 from gateway.store.database import make_engine, upgrade
@@ -154,3 +160,52 @@ def test_hashes_that_do_not_match_the_choices_are_not_trusted(engine):
         stored = conn.execute(select(steps.c.continuation_sha256)).scalar()
     want = chain.History(rec.request["messages"]).continuation(rec.choices[0].message)  # type: ignore[index]
     assert stored == want
+
+
+def named(records: list[StepRecord], session: str = "agent-1") -> list[StepRecord]:
+    for r in records:
+        r.external_session = session
+    return records
+
+
+def sandbox_result(
+    call_id: str, session: str = "agent-1", exit_status: int = 0
+) -> ToolResultRecord:
+    outcome = {"allowed": True, "exit_status": exit_status, "text": f"ran {call_id}",
+               "duration_ms": 250.0, "attestation": f"att-{call_id}", "fault": None}  # fmt: skip
+    return ToolResultRecord("acme", session, call_id, outcome, time.time())
+
+
+def sandbox_rows(engine: Engine) -> tuple[list[Any], list[Any]]:
+    with engine.connect() as conn:
+        calls = conn.execute(
+            select(tool_calls.c.call_id, tool_calls.c.status, tool_calls.c.exit_status,
+                   tool_calls.c.attestation, tool_calls.c.result).order_by(tool_calls.c.call_id)
+        ).all()  # fmt: skip
+        rows = conn.execute(
+            select(rewards.c.name, rewards.c.value, rewards.c.source)
+            .where(rewards.c.scope == "tool_call").order_by(rewards.c.name, rewards.c.source)
+        ).all()  # fmt: skip
+    return [tuple(c) for c in calls], [tuple(r) for r in rows]
+
+
+@pytest.mark.parametrize("grouping", ["one batch", "batch per record", "resent"])
+def test_a_sandbox_result_lands_on_its_call_once_however_it_is_batched(engine, grouping):
+    first, second = named(loop(2))  # first calls call-0; second carries its result
+    result = sandbox_result("call-0")
+    batches = {
+        "one batch": [[first, result, second]],
+        "batch per record": [[first], [result], [second]],
+        "resent": [[first], [result], [result, second]],  # a batch resent after a crash
+    }[grouping]
+    write(engine, batches)
+    calls, earned = sandbox_rows(engine)
+    assert calls == [("call-0", "ok", 0, "att-call-0", "ran call-0")]
+    # the sandbox's rewards, once; the step that carried the result adds none of its own
+    assert earned == [("tool_seconds", -0.25, "sandbox"), ("tool_success", 1.0, "sandbox")]
+
+
+def test_a_result_for_a_call_nobody_made_changes_nothing(engine):
+    (step,) = named(loop(1))
+    write(engine, [[step, sandbox_result("call-404")]])
+    assert sandbox_rows(engine) == ([], [])
