@@ -12,7 +12,7 @@ from gateway.config import Settings
 from gateway.http.completions import Completions
 from gateway.http.entry import GatewayEntry
 from gateway.http.errors import register_exception_handlers
-from gateway.http.routes import models, ops, tools, trajectories
+from gateway.http.routes import models, ops, responses, tools, trajectories
 from gateway.metrics import Metrics
 from gateway.pipeline.services import Services
 
@@ -44,6 +44,8 @@ def create_app(
     app.include_router(ops.build_router(services))
     app.include_router(trajectories.build_router(services))
     app.include_router(tools.build_router(services))
+    completions = Completions(services)
+    app.include_router(responses.build_router(services, completions.pipeline))
     register_exception_handlers(app)
-    app.add_middleware(GatewayEntry, completions=Completions(services))
+    app.add_middleware(GatewayEntry, completions=completions)
     return app

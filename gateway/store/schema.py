@@ -7,6 +7,7 @@ Entities, from the outside in::
                   ├─< rewards (scope session)
                   └─< feedback
     blobs: content-addressed request payloads (messages, prompt, tools), shared by steps
+    responses ─< response_items: the Responses API's stored state (``gateway.store.responses``)
 
 A session is an episode (one agent trajectory). A step is one model call and one
 choice of it: its exact prompt and completion token ids and per-token behaviour
@@ -171,4 +172,34 @@ feedback = Table(
     Column("comment", Text),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Index("ix_feedback_session", "session_id"),
+)
+
+responses = Table(
+    "responses",
+    metadata,
+    Column("id", String(64), primary_key=True, comment="resp_..."),
+    Column("tenant_id", String(128), ForeignKey("tenants.id"), nullable=False),
+    Column(
+        "session",
+        String(256),
+        nullable=False,
+        comment="the trajectory session's name: X-Session-Id, else the chain's first response id",
+    ),
+    Column("previous_response_id", String(64), comment="no foreign key: a parent may be deleted"),
+    Column("status", String(16), nullable=False, comment="completed | incomplete | failed"),
+    Column("model", String(256)),
+    Column("body", JSON, nullable=False, comment="the response object as the client got it"),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Index("ix_responses_tenant_created", "tenant_id", "created_at"),
+)
+
+response_items = Table(
+    "response_items",
+    metadata,
+    Column("response_id", String(64), ForeignKey("responses.id"), primary_key=True),
+    Column("seq", Integer, primary_key=True, autoincrement=False, comment="inputs, then outputs"),
+    Column("tenant_id", String(128), ForeignKey("tenants.id"), nullable=False),
+    Column("role", String(8), nullable=False, comment="input | output"),
+    Column("item_id", String(64), nullable=False),
+    Column("item", JSON, nullable=False, comment="the item as the API lists it"),
 )

@@ -1,0 +1,105 @@
+"""The Responses API's routes (the serving logic is ``gateway.pipeline.responses``).
+
+    POST   /v1/responses                      create (streamed with ``stream: true``)
+    GET    /v1/responses/{id}                 the stored response object
+    DELETE /v1/responses/{id}                 delete it and its items
+    GET    /v1/responses/{id}/input_items     its input items, a cursor page
+
+Everything is scoped to the caller's tenant: another tenant's response is a 404 like a
+missing one. docs/responses.md lists what is served and what is not yet.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Query, Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from gateway.http.body import read_json, validated
+from gateway.http.errors import exception_response
+from gateway.pipeline.handler import CompletionPipeline
+from gateway.pipeline.request import RequestIdentity
+from gateway.pipeline.responses import protocol
+from gateway.pipeline.responses.serving import ResponsesService, Turn
+from gateway.pipeline.services import Services
+from gateway.store import responses as stored
+
+log = logging.getLogger(__name__)
+Ident = Annotated[str, Path(min_length=1, max_length=64)]
+
+
+class _Serve(Response):
+    """Runs the model step when Starlette sends the response: the pipeline writes to the
+    socket itself (streams), and watches it for the client's departure."""
+
+    def __init__(self, service: ResponsesService, turn: Turn) -> None:
+        super().__init__()  # what FastAPI reads of a returned response (background, headers)
+        self.service, self.turn = service, turn
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: Any) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.service.serve(self.turn, scope, receive, tracked)
+        except Exception as exc:  # mapped to an OpenAI error (counted by the pipeline)
+            request_id = self.turn.parsed.identity.request_id
+            if started:
+                log.error("response %s failed after its answer began", request_id, exc_info=exc)
+                return
+            await exception_response(exc, request_id)(scope, receive, send)
+
+
+def build_router(services: Services, pipeline: CompletionPipeline) -> APIRouter:
+    router = APIRouter(prefix="/v1/responses")
+    service = ResponsesService(services, pipeline)
+
+    def tenant(request: Request) -> str:
+        return services.auth.authenticate(request.headers.get("authorization")).tenant
+
+    @router.post("")
+    async def create(request: Request) -> Response:
+        headers = request.headers
+        who = services.auth.authenticate(headers.get("authorization"))
+        body = await read_json(request, services.settings.limits.max_body_bytes)
+        protocol.check_names(body)
+        parsed = validated(body, protocol.ResponsesRequest)
+        protocol.check_supported(parsed)
+        identity = RequestIdentity(
+            request.state.request_id, request.state.t0, "chat", parsed.model, who.tenant,
+            who.key_name, headers.get("x-session-id"), headers.get("x-gearshift-task-id"),
+            headers.get("x-gearshift-group-id"),
+        )  # fmt: skip
+        return _Serve(service, await service.prepare(parsed, identity))
+
+    @router.get("/{ident}")
+    async def retrieve(request: Request, ident: Ident) -> dict[str, Any]:
+        who = tenant(request)
+        return await service.call(lambda c: stored.get(c, who, ident))
+
+    @router.delete("/{ident}")
+    async def delete(request: Request, ident: Ident) -> dict[str, Any]:
+        who = tenant(request)
+        return await service.call(lambda c: stored.remove(c, who, ident))
+
+    @router.get("/{ident}/input_items")
+    async def input_items(
+        request: Request,
+        ident: Ident,
+        limit: Annotated[int, Query(ge=1, le=100)] = 20,
+        after: Annotated[str | None, Query(max_length=64)] = None,
+        order: Literal["asc", "desc"] = "desc",
+    ) -> dict[str, Any]:
+        who = tenant(request)
+        return await service.call(
+            lambda c: stored.input_items(c, who, ident, limit=limit, after=after, order=order)
+        )
+
+    return router

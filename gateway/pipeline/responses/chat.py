@@ -1,0 +1,169 @@
+"""A Responses request as the chat request the completion pipeline serves.
+
+``tools`` (function tools only in this slice), ``tool_choice`` and ``text.format`` are
+checked here, each problem a 400 naming the field, and translated once: what the response
+object echoes (``Echo``) and what vLLM gets (the chat body).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import InvalidRequest
+from gateway.pipeline.responses.protocol import ResponsesRequest, not_yet
+
+FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+FUNCTION_KEYS = frozenset({"type", "name", "description", "parameters", "strict"})
+# OpenAI function-tool fields that change nothing for a client-owned tool
+FUNCTION_IGNORED = frozenset({"defer_loading", "allowed_callers", "async", "output_schema"})
+CHOICES = ("none", "auto", "required")
+
+
+@dataclass(frozen=True, slots=True)
+class Echo:
+    """How the response object states the request's tools, tool choice and text format."""
+
+    tools: list[dict[str, Any]]
+    tool_choice: str | dict[str, Any]
+    text: dict[str, Any]
+
+
+def echo(request: ResponsesRequest) -> Echo:
+    tools = [_function_tool(t, f"tools[{i}]") for i, t in enumerate(request.tools or [])]
+    choice = _tool_choice(request.tool_choice, {t["name"] for t in tools})
+    return Echo(tools, choice, _text(request.text))
+
+
+def chat_body(
+    request: ResponsesRequest, messages: list[dict[str, Any]], spec: Echo
+) -> dict[str, Any]:
+    """The chat completion request for one model step of ``request``."""
+    body: dict[str, Any] = {"model": request.model, "messages": messages}
+    if spec.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {k: v for k, v in t.items() if k != "type" and v is not None},
+            }
+            for t in spec.tools
+        ]
+        choice = spec.tool_choice
+        body["tool_choice"] = (
+            choice
+            if isinstance(choice, str)
+            else {"type": "function", "function": {"name": choice["name"]}}
+        )
+        if request.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = request.parallel_tool_calls
+    fmt = spec.text["format"]
+    if fmt["type"] == "json_object":
+        body["response_format"] = {"type": "json_object"}
+    elif fmt["type"] == "json_schema":
+        schema = {k: v for k, v in fmt.items() if k != "type"}
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
+    for mine, theirs in (
+        ("max_output_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
+    ):  # fmt: skip
+        value = getattr(request, mine)
+        if value is not None:
+            body[theirs] = value
+    if request.stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}  # usage goes into the response object
+    return body
+
+
+def _function_tool(tool: Any, where: str) -> dict[str, Any]:
+    if not isinstance(tool, dict):
+        raise InvalidRequest(f"{where} must be a tool object", param=where)
+    kind = tool.get("type")
+    if kind != "function":
+        if isinstance(kind, str) and kind:
+            raise not_yet(f"{where}.type", f"tool type {kind!r} (hosted tools, MCP)")
+        raise InvalidRequest(f"{where}.type must be 'function'", param=f"{where}.type")
+    unknown = sorted(tool.keys() - FUNCTION_KEYS - FUNCTION_IGNORED)
+    if unknown:
+        raise InvalidRequest(
+            f"{where}.{unknown[0]} is not a field of a function tool", param=f"{where}.{unknown[0]}"
+        )
+    name = tool.get("name")
+    if not isinstance(name, str) or not FUNCTION_NAME.match(name):
+        raise InvalidRequest(
+            f"{where}.name must be 1 to 64 letters, digits, '_', '.' or '-' (got {name!r})",
+            param=f"{where}.name",
+        )
+    out: dict[str, Any] = {"type": "function", "name": name}
+    for key, types in (("description", str), ("parameters", dict), ("strict", bool)):
+        value = tool.get(key)
+        if value is not None and not isinstance(value, types):
+            raise InvalidRequest(
+                f"{where}.{key} must be a {types.__name__}", param=f"{where}.{key}"
+            )
+        out[key] = value
+    out["parameters"] = out["parameters"] or {"type": "object", "properties": {}}
+    return out
+
+
+def _tool_choice(choice: str | dict[str, Any] | None, names: set[str]) -> str | dict[str, Any]:
+    if choice is None:
+        return "auto"
+    if isinstance(choice, str):
+        if choice not in CHOICES:
+            raise InvalidRequest(
+                f"tool_choice must be one of {', '.join(CHOICES)} or a function (got {choice!r})",
+                param="tool_choice",
+            )
+        if choice == "required" and not names:
+            raise InvalidRequest("tool_choice 'required' needs tools", param="tool_choice")
+        return choice
+    kind = choice.get("type")
+    if kind != "function":
+        raise not_yet("tool_choice.type", f"tool_choice type {kind!r}")
+    name = choice.get("name")
+    if not isinstance(name, str) or name not in names:
+        raise InvalidRequest(
+            f"tool_choice.name must name one of the request's function tools (got {name!r})",
+            param="tool_choice.name",
+        )
+    return {"type": "function", "name": name}
+
+
+def _text(text: dict[str, Any] | None) -> dict[str, Any]:
+    fmt = (text or {}).get("format") or {"type": "text"}
+    if not isinstance(fmt, dict):
+        raise InvalidRequest("text.format must be an object", param="text.format")
+    unknown = sorted((text or {}).keys() - {"format", "verbosity"})
+    if unknown:
+        raise InvalidRequest(
+            f"text.{unknown[0]} is not a field of text", param=f"text.{unknown[0]}"
+        )
+    kind = fmt.get("type")
+    if kind in ("text", "json_object"):
+        return {"format": {"type": kind}}
+    if kind != "json_schema":
+        raise InvalidRequest(
+            f"text.format.type must be text, json_object or json_schema (got {kind!r})",
+            param="text.format.type",
+        )
+    name, schema = fmt.get("name"), fmt.get("schema")
+    if not isinstance(name, str) or not FUNCTION_NAME.match(name):
+        raise InvalidRequest(
+            "text.format.name must be 1 to 64 letters, digits, '_', '.' or '-'",
+            param="text.format.name",
+        )
+    if not isinstance(schema, dict):
+        raise InvalidRequest(
+            "text.format.schema must be a JSON schema object", param="text.format.schema"
+        )
+    out: dict[str, Any] = {"type": "json_schema", "name": name, "schema": schema}
+    for key, types in (("description", str), ("strict", bool)):
+        value = fmt.get(key)
+        if value is not None and not isinstance(value, types):
+            raise InvalidRequest(
+                f"text.format.{key} must be a {types.__name__}", param=f"text.format.{key}"
+            )
+        if value is not None:
+            out[key] = value
+    return {"format": out}
