@@ -236,6 +236,18 @@ class RewardSettings(Section):
     )
 
 
+class ResponsesSettings(Section):
+    """``/v1/responses`` (docs/responses.md)."""
+
+    max_turns: int = Field(
+        default=8,
+        ge=1,
+        le=256,
+        description="model steps one response may run (the hosted tool loop); reaching it ends "
+        "the response incomplete with reason 'max_turns'",
+    )
+
+
 class EmbeddedSettings(Section):
     """The embedded default stack started by ``gearshift serve`` without replicas."""
 
@@ -332,6 +344,7 @@ class Settings(BaseSettings):
     store: StoreSettings = StoreSettings()
     sandbox: SandboxConfig = SandboxConfig()
     rewards: RewardSettings = RewardSettings()
+    responses: ResponsesSettings = ResponsesSettings()
     admin_token: SecretStr | None = None
 
     @model_validator(mode="after")

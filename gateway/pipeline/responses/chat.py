@@ -1,17 +1,20 @@
 """A Responses request as the chat request the completion pipeline serves.
 
-``tools`` (function tools only in this slice), ``tool_choice`` and ``text.format`` are
-checked here, each problem a 400 naming the field, and translated once: what the response
-object echoes (``Echo``) and what vLLM gets (the chat body).
+``tools`` (client-owned function tools and hosted tools: ``hosted``), ``tool_choice`` and
+``text.format`` are checked here, each problem a 400 naming the field, and translated once:
+what the response object echoes (``Echo``) and what vLLM gets (the chat body of each step).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import InvalidRequest
+from gateway.pipeline.responses import hosted
+from gateway.pipeline.responses.items import CODE_TOOL
 from gateway.pipeline.responses.protocol import ResponsesRequest, not_yet
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -25,36 +28,60 @@ CHOICES = ("none", "auto", "required")
 class Echo:
     """How the response object states the request's tools, tool choice and text format."""
 
-    tools: list[dict[str, Any]]
+    tools: list[dict[str, Any]]  # as the response states them (function and hosted)
     tool_choice: str | dict[str, Any]
     text: dict[str, Any]
+    hosted: tuple[hosted.Hosted, ...] = ()
+
+    @property
+    def functions(self) -> list[dict[str, Any]]:
+        return [t for t in self.tools if t["type"] == "function"]
 
 
 def echo(request: ResponsesRequest) -> Echo:
-    tools = [_function_tool(t, f"tools[{i}]") for i, t in enumerate(request.tools or [])]
-    choice = _tool_choice(request.tool_choice, {t["name"] for t in tools})
-    return Echo(tools, choice, _text(request.text))
+    tools: list[dict[str, Any]] = []
+    wanted: list[hosted.Hosted] = []
+    for i, raw in enumerate(request.tools or []):
+        where = f"tools[{i}]"
+        found = hosted.parse(raw, where) if isinstance(raw, dict) else None
+        if found is None:
+            tools.append(_function_tool(raw, where))
+        else:
+            wanted.append(found[0])
+            tools.append(found[1])
+    names = [t["name"] for t in tools if t["type"] == "function"] + [h.name for h in wanted]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise InvalidRequest(f"two tools are named {name!r}", param="tools")
+    functions = {t["name"] for t in tools if t["type"] == "function"}
+    choice = _tool_choice(request.tool_choice, functions, wanted)
+    return Echo(tools, choice, _text(request.text), tuple(wanted))
 
 
 def chat_body(
-    request: ResponsesRequest, messages: list[dict[str, Any]], spec: Echo
+    request: ResponsesRequest,
+    messages: list[dict[str, Any]],
+    spec: Echo,
+    offered: Sequence[Any] = (),
+    *,
+    first: bool = True,
+    max_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """The chat completion request for one model step of ``request``."""
+    """The chat completion request for one model step of ``request``: ``offered`` are the
+    hosted tools' chat schemas; a forced ``tool_choice`` holds for the ``first`` step only
+    (later steps of the loop are ``auto``, else the loop could never end); ``max_tokens``:
+    what is left of ``max_output_tokens``."""
     body: dict[str, Any] = {"model": request.model, "messages": messages}
-    if spec.tools:
-        body["tools"] = [
-            {
-                "type": "function",
-                "function": {k: v for k, v in t.items() if k != "type" and v is not None},
-            }
-            for t in spec.tools
-        ]
-        choice = spec.tool_choice
-        body["tool_choice"] = (
-            choice
-            if isinstance(choice, str)
-            else {"type": "function", "function": {"name": choice["name"]}}
-        )
+    functions = [
+        {
+            "type": "function",
+            "function": {k: v for k, v in t.items() if k != "type" and v is not None},
+        }
+        for t in spec.functions
+    ]
+    if functions or offered:
+        body["tools"] = [*functions, *offered]
+        body["tool_choice"] = _chat_choice(spec, first)
         if request.parallel_tool_calls is not None:
             body["parallel_tool_calls"] = request.parallel_tool_calls
     fmt = spec.text["format"]
@@ -69,10 +96,23 @@ def chat_body(
         value = getattr(request, mine)
         if value is not None:
             body[theirs] = value
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
     if request.stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}  # usage goes into the response object
     return body
+
+
+def _chat_choice(spec: Echo, first: bool) -> str | dict[str, Any]:
+    choice = spec.tool_choice
+    if isinstance(choice, str):
+        return choice if first or choice == "none" else "auto"
+    if not first:
+        return "auto"
+    if choice["type"] == "code_interpreter":
+        return {"type": "function", "function": {"name": CODE_TOOL}}
+    return {"type": "function", "function": {"name": choice["name"]}}
 
 
 def _function_tool(tool: Any, where: str) -> dict[str, Any]:
@@ -81,7 +121,7 @@ def _function_tool(tool: Any, where: str) -> dict[str, Any]:
     kind = tool.get("type")
     if kind != "function":
         if isinstance(kind, str) and kind:
-            raise not_yet(f"{where}.type", f"tool type {kind!r} (hosted tools, MCP)")
+            raise not_yet(f"{where}.type", f"tool type {kind!r} (MCP and OpenAI-hosted tools)")
         raise InvalidRequest(f"{where}.type must be 'function'", param=f"{where}.type")
     unknown = sorted(tool.keys() - FUNCTION_KEYS - FUNCTION_IGNORED)
     if unknown:
@@ -106,7 +146,9 @@ def _function_tool(tool: Any, where: str) -> dict[str, Any]:
     return out
 
 
-def _tool_choice(choice: str | dict[str, Any] | None, names: set[str]) -> str | dict[str, Any]:
+def _tool_choice(
+    choice: str | dict[str, Any] | None, names: set[str], wanted: list[hosted.Hosted]
+) -> str | dict[str, Any]:
     if choice is None:
         return "auto"
     if isinstance(choice, str):
@@ -115,10 +157,16 @@ def _tool_choice(choice: str | dict[str, Any] | None, names: set[str]) -> str | 
                 f"tool_choice must be one of {', '.join(CHOICES)} or a function (got {choice!r})",
                 param="tool_choice",
             )
-        if choice == "required" and not names:
+        if choice == "required" and not names and not wanted:
             raise InvalidRequest("tool_choice 'required' needs tools", param="tool_choice")
         return choice
     kind = choice.get("type")
+    if kind == "code_interpreter":
+        if not any(h.kind == "code_interpreter" for h in wanted):
+            raise InvalidRequest(
+                "tool_choice code_interpreter needs a code_interpreter tool", param="tool_choice"
+            )
+        return {"type": "code_interpreter"}
     if kind != "function":
         raise not_yet("tool_choice.type", f"tool_choice type {kind!r}")
     name = choice.get("name")

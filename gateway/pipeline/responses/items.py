@@ -17,6 +17,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+import orjson
+
 from gateway.errors import InvalidRequest
 
 INPUT_ROLES = ("user", "system", "developer")
@@ -40,6 +42,9 @@ NOT_YET_TYPES = frozenset(
         "tool_search_output",
     }
 )  # fmt: skip
+# output items of calls the gateway ran (hosted tools); stored, never taken as input yet
+HOSTED_ITEMS = ("code_interpreter_call", "mcp_call")
+CODE_TOOL = "run_python"  # the sandbox tool a code_interpreter_call ran
 ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
 
 
@@ -208,25 +213,58 @@ def to_messages(
     out: list[dict[str, Any]] = []
     if instructions:
         out.append({"role": "system", "content": instructions})
+    ran: list[dict[str, Any]] = []  # hosted calls' outputs, told after their assistant message
     for item in (*history, *inputs):
         kind = item["type"]
+        if kind not in ("function_call", *HOSTED_ITEMS):
+            out.extend(ran)
+            ran.clear()
         if kind == "message":
             out.append({"role": item["role"], "content": _chat_content(item["content"])})
         elif kind == "function_call":
-            call = {
+            _add_call(out, {
                 "id": item["call_id"], "type": "function",
                 "function": {"name": item["name"], "arguments": item["arguments"]},
-            }  # fmt: skip
-            last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)  # text and calls: one message
-            else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            })  # fmt: skip
+        elif kind in HOSTED_ITEMS:  # the gateway ran it: the call and its output
+            call, text = replay(item)
+            _add_call(out, call)
+            ran.append({"role": "tool", "tool_call_id": call["id"], "content": text})
         else:
             output = item["output"]
             text = output if isinstance(output, str) else "".join(p["text"] for p in output)
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
-    return out
+    return out + ran
+
+
+def _add_call(out: list[dict[str, Any]], call: dict[str, Any]) -> None:
+    """One assistant message holds a step's text and all its tool calls, as the model said."""
+    last = out[-1] if out else None
+    if last is not None and last["role"] == "assistant":
+        last.setdefault("tool_calls", []).append(call)
+    else:
+        out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+
+
+def tool_name(item: dict[str, Any]) -> str:
+    """The sandbox tool (the function the model called) of a hosted call item."""
+    return CODE_TOOL if item["type"] == "code_interpreter_call" else str(item["name"])
+
+
+def replay(item: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """A stored hosted call item as the chat tool call the model made and the output it
+    was told (``call_id`` is the model's own id)."""
+    if item["type"] == "code_interpreter_call":
+        arguments = item.get("arguments") or orjson.dumps({"code": item.get("code") or ""}).decode()
+        logs = (o.get("logs") for o in item.get("outputs") or () if isinstance(o, dict))
+        text = "".join(t for t in logs if isinstance(t, str))
+    else:
+        arguments, text = item.get("arguments") or "", item.get("output") or ""
+    call = {
+        "id": item.get("call_id") or item["id"], "type": "function",
+        "function": {"name": tool_name(item), "arguments": arguments},
+    }  # fmt: skip
+    return call, text
 
 
 def _chat_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:

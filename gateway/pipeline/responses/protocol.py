@@ -8,7 +8,8 @@ into a chat request (``gateway.pipeline.responses.chat``). So an unknown paramet
 * accepted and ignored: ``IGNORED`` (valid OpenAI parameters that change nothing here yet,
   e.g. ``reasoning``; ``truncation: "disabled"`` is what the gateway does anyway);
 * not supported yet: ``NOT_YET``, a 400 naming the parameter when it is set (``background:
-  true``, ``conversation``, ``prompt``, ...). Hosted tool types are refused in ``chat``.
+  true``, ``conversation``, ``prompt``, ...). Tool types other than function,
+  code_interpreter and sandbox (``hosted``) are refused in ``chat``.
 
 Input items, tools, ``tool_choice`` and ``text`` are checked by hand where they are
 converted, so that a 400 names the exact field (``input[2].call_id``).
@@ -26,12 +27,12 @@ SERVED = frozenset(
     {
         "model", "input", "instructions", "previous_response_id", "store", "stream",
         "max_output_tokens", "tool_choice", "tools", "parallel_tool_calls", "text",
-        "temperature", "top_p", "metadata", "user",
+        "temperature", "top_p", "metadata", "user", "max_tool_calls",
     }
 )  # fmt: skip
 IGNORED = frozenset(
     {
-        "reasoning", "truncation", "include", "max_tool_calls", "prompt_cache_key",
+        "reasoning", "truncation", "include", "prompt_cache_key",
         "prompt_cache_retention", "prompt_cache_options", "safety_identifier", "service_tier",
         "top_logprobs", "stream_options", "background",
     }
@@ -64,11 +65,11 @@ class ResponsesRequest(BaseModel):
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     metadata: Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = None  # fmt: skip
     user: str | None = None
+    max_tool_calls: Annotated[int, Field(ge=1)] | None = None
     # accepted, not used yet (IGNORED)
     reasoning: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
-    max_tool_calls: Annotated[int, Field(ge=1)] | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     prompt_cache_options: dict[str, Any] | None = None
@@ -115,7 +116,8 @@ def check_supported(request: ResponsesRequest) -> None:
 
 def not_yet(param: str, what: str) -> InvalidRequest:
     return InvalidRequest(
-        f"{what} is not supported yet by this gateway's /v1/responses; it serves client-owned "
-        "function tools, one model step per response (see docs/responses.md)",
+        f"{what} is not supported yet by this gateway's /v1/responses; it serves function "
+        "tools and the sandbox's hosted tools (code_interpreter, sandbox), without MCP, "
+        "approvals or background runs (see docs/responses.md)",
         param=param,
     )

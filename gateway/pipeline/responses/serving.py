@@ -1,25 +1,28 @@
-"""``/v1/responses``: one response is one model step, served by the completion pipeline.
+"""``/v1/responses``: a response is one or more model steps served by the completion pipeline.
 
     prepare   load the previous_response_id chain (store) → check and normalize the
-              input items → chat messages → chat body → a ``ParsedRequest`` of the
-              chain's session
-    serve     CompletionPipeline (route, dispatch, escalate, answer | relay, finish:
-              metrics, session state, the recorded step) with its ASGI ``send``
-              replaced by a translator: the chat answer (or its stream) becomes the
-              response object (or its events), which is stored before the client gets
-              its end
+              input items → the hosted tools' schemas (sandbox) → chat messages → chat
+              body → a ``ParsedRequest`` of the chain's session
+    serve     per model step, CompletionPipeline (route, dispatch, escalate, answer |
+              relay, finish: metrics, session state, the recorded step) with its ASGI
+              ``send`` replaced by a translator: the chat answer (or its stream) becomes
+              output items (or their events); hosted calls run in the sandbox and the
+              next step sees them (``loop`` decides); the response object is stored
+              before the client gets its end
 
 The pipeline is not changed or copied: it serves a chat request and sends chat bytes,
 which this module reads back. Its refusals (unknown model, tiers down) raise before
-anything is sent and reach the client as errors; an upstream error answer is passed on
-as it is (the OpenAI error shape). A chain is one trajectory session, named by the
-client's ``X-Session-Id`` or else after the chain's first response id.
+anything is sent and reach the client as errors; an upstream error answer to the first
+step is passed on as it is (the OpenAI error shape), to a later step it fails the response.
+A chain is one trajectory session, named by the client's ``X-Session-Id`` or else after the
+chain's first response id; its sandbox session (the hosted tools' workspace) is the same.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -28,11 +31,19 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.errors import ResourceNotFound, StoreUnavailable, UpstreamError
+from gateway.errors import (
+    GatewayError,
+    ResourceNotFound,
+    SandboxUnavailable,
+    StoreUnavailable,
+    UpstreamError,
+)
 from gateway.pipeline.handler import STREAM_HEADERS, CompletionPipeline
+from gateway.pipeline.outcome import CLIENT_CLOSED
 from gateway.pipeline.request import ParsedRequest, RequestIdentity
-from gateway.pipeline.responses import chat, items
-from gateway.pipeline.responses.output import Frame, answer_items, status_of, usage
+from gateway.pipeline.responses import chat, hosted, items
+from gateway.pipeline.responses.loop import NOT_RUN, Decision, LoopState, StepAnswer
+from gateway.pipeline.responses.output import Frame, answer_items, usage
 from gateway.pipeline.responses.protocol import ResponsesRequest
 from gateway.pipeline.responses.stream import StreamTranslator
 from gateway.pipeline.services import Services
@@ -49,12 +60,30 @@ REPLACED = {b"content-length", b"content-type", b"cache-control"}
 
 @dataclass(frozen=True, slots=True)
 class Turn:
-    """A prepared response: what it will say, the chat request that makes it, what it adds."""
+    """A prepared response: what it will say, the chat request of its first step, what it
+    adds, and what each later step is built from."""
 
     frame: Frame
     parsed: ParsedRequest
     inputs: list[dict[str, Any]]
     session: str
+    history: Sequence[dict[str, Any]] = ()  # the chain's items
+    kinds: dict[str, str] = field(default_factory=dict)  # hosted tools by function name
+    offered: Sequence[Any] = ()  # their chat schemas
+
+    def step(self, state: LoopState) -> ParsedRequest:
+        """The chat request of the next model step: the chain, the input and the output so far."""
+        if state.turns == 0:
+            return self.parsed
+        request = self.frame.request
+        messages = items.to_messages(
+            list(self.history), [*self.inputs, *state.output], request.instructions
+        )
+        body = chat.chat_body(
+            request, messages, self.frame.spec, self.offered, first=False,
+            max_tokens=state.tokens_left,
+        )  # fmt: skip
+        return ParsedRequest(self.parsed.identity, body)
 
 
 class ResponsesService:
@@ -65,6 +94,7 @@ class ResponsesService:
     async def prepare(self, request: ResponsesRequest, who: RequestIdentity) -> Turn:
         """Everything that may refuse the request, before any model call or store write."""
         spec = chat.echo(request)
+        kinds, offered = await hosted.offer(self.services, spec.hosted)
         chain = stored.Chain("", [])
         if request.previous_response_id is not None:
             prev = request.previous_response_id
@@ -76,43 +106,159 @@ class ResponsesService:
         frame = Frame.new(request, spec, request.stored and self.services.recorder is not None)
         session = who.session_id or chain.session or frame.id
         identity = replace(who, endpoint="chat", requested_model=request.model, session_id=session)
-        body = chat.chat_body(request, messages, spec)
-        return Turn(frame, ParsedRequest(identity, body), inputs, session)
+        body = chat.chat_body(request, messages, spec, offered)
+        parsed = ParsedRequest(identity, body)
+        return Turn(frame, parsed, inputs, session, chain.items, kinds, offered)
+
+    def _state(self, turn: Turn) -> LoopState:
+        r = turn.frame.request
+        return LoopState(r.max_tool_calls, r.max_output_tokens, self.max_turns)
+
+    @property
+    def max_turns(self) -> int:
+        return self.services.settings.responses.max_turns
 
     async def serve(self, turn: Turn, scope: Scope, receive: Receive, send: Send) -> None:
         if turn.parsed.stream:
-            out = _StreamOut(send, StreamTranslator(turn.frame))
-            await self.pipeline(turn.parsed, scope, receive, out.send)
-            if out.passthrough or not out.translator.ended:
-                return  # an error answer passed on, or the client left: nothing to store
-            events, response = out.translator.finish()
-            await self._store(turn, response, out.translator.output, strict=False)
-            await send({"type": "http.response.body", "body": events, "more_body": False})
+            await self._serve_stream(turn, scope, receive, send)
             return
-        got = _Collected()
-        await self.pipeline(turn.parsed, scope, receive, got.send)
-        if got.status != 200:
-            await got.replay(send)
-            return
-        response = self._answered(turn, got.body)
+        state = self._state(turn)
+        headers: list[tuple[bytes, bytes]] = []
+        while True:
+            got = _Collected()
+            try:
+                await self.pipeline(turn.step(state), scope, receive, got.send)
+            except GatewayError as exc:
+                if state.turns == 0:
+                    raise
+                response = self._failed(turn, state, exc.message)
+                break
+            if got.status != 200:
+                if state.turns == 0:
+                    await got.replay(send)
+                    return
+                if got.status == CLIENT_CLOSED:
+                    return  # the client left: nothing to store, as with one step
+                response = self._failed(turn, state, _error_message(got.body))
+                break
+            headers = got.headers
+            answer = self._answered(turn, got.body)
+            state.output.extend(answer.items)
+            decision = state.add(answer)
+            try:
+                await self._run(turn, decision, answer)
+            except SandboxUnavailable as exc:
+                response = self._failed(turn, state, exc.message)
+                break
+            if decision.end:
+                response = self._ended(turn, state, decision)
+                break
         await self._store(turn, response, response["output"], strict=True)
         body = orjson.dumps(response)
-        headers = [*got.headers, (b"content-length", str(len(body)).encode())]
+        headers = [*(headers or JSON_HEADERS), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    def _answered(self, turn: Turn, body: bytes) -> dict[str, Any]:
+    async def _serve_stream(self, turn: Turn, scope: Scope, receive: Receive, send: Send) -> None:
+        translator = StreamTranslator(turn.frame, turn.kinds, turn.session)
+        out = _StreamOut(send, translator)
+        state = self._state(turn)
+        state.output = translator.output  # one list: the translator adds, the loop counts
+        while True:
+            out.refused = None
+            try:
+                await self.pipeline(turn.step(state), scope, receive, out.send)
+            except GatewayError as exc:
+                if not out.started:
+                    raise
+                final = self._stream_failed(translator, state, exc.message)
+                break
+            if out.passthrough or out.refused_status == CLIENT_CLOSED:
+                return  # an error answer passed on, or the client left: nothing to store
+            if out.refused is not None:
+                final = self._stream_failed(translator, state, _error_message(out.refused))
+                break
+            if not translator.ended:
+                return  # the client left mid-stream
+            events, answer = translator.close_step()
+            await out.body(events)
+            if answer.error is not None:
+                state.add(answer)
+                final = self._stream_failed(translator, state, answer.error["message"])
+                break
+            decision = state.add(answer)
+            await out.body(translator.running(decision.run))
+            try:
+                await self._run(turn, decision, answer)
+            except SandboxUnavailable as exc:
+                await out.body(translator.settled([*decision.run, *decision.skipped]))
+                final = self._stream_failed(translator, state, exc.message)
+                break
+            await out.body(translator.settled([*decision.run, *decision.skipped]))
+            if decision.end:
+                final = translator.end(
+                    decision.status, usage=state.usage, model=state.model,
+                    incomplete=decision.incomplete,
+                )  # fmt: skip
+                break
+        events, response = final
+        await self._store(turn, response, translator.output, strict=False)
+        await send({"type": "http.response.body", "body": events, "more_body": False})
+
+    async def _run(self, turn: Turn, decision: Decision, answer: StepAnswer) -> None:
+        """Run the step's hosted calls (concurrently unless ``parallel_tool_calls`` is
+        false); the ones over ``max_tool_calls`` are settled as not run."""
+        for item in decision.skipped:
+            hosted.settle(item, NOT_RUN, ok=False, status="incomplete")
+        who = turn.parsed.identity
+        runs = [
+            hosted.run(self.services, who, turn.session, item, answer.arguments[item["id"]])
+            for item in decision.run
+        ]
+        if turn.frame.request.parallel_tool_calls is False:
+            for run in runs:
+                await run
+            return
+        results = await asyncio.gather(*runs, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    def _answered(self, turn: Turn, body: bytes) -> StepAnswer:
         try:
             data = orjson.loads(body)
             choice = data["choices"][0]
             message, finish = choice["message"], choice.get("finish_reason")
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
             raise UpstreamError("the tier answered 200 without a chat completion") from None
-        status, incomplete = status_of(finish)
+        answer = StepAnswer([], finish, usage(data.get("usage")), data.get("model"))
+        for item in answer_items(message, finish):
+            claimed, arguments = hosted.claim(item, turn.kinds, turn.session)
+            if arguments is not None:
+                answer.arguments[claimed["id"]] = arguments
+            answer.items.append(claimed)
+        return answer
+
+    @staticmethod
+    def _ended(turn: Turn, state: LoopState, decision: Decision) -> dict[str, Any]:
         return turn.frame.response(
-            status, answer_items(message, finish), model=data.get("model"),
-            usage=usage(data.get("usage")), incomplete=incomplete,
+            decision.status, state.output, model=state.model, usage=state.usage,
+            incomplete=decision.incomplete,
         )  # fmt: skip
+
+    @staticmethod
+    def _failed(turn: Turn, state: LoopState, message: str) -> dict[str, Any]:
+        error = {"code": "server_error", "message": message}
+        return turn.frame.response(
+            "failed", state.output, model=state.model, usage=state.usage, error=error
+        )
+
+    @staticmethod
+    def _stream_failed(
+        translator: StreamTranslator, state: LoopState, message: str
+    ) -> tuple[bytes, dict[str, Any]]:
+        error = {"code": "server_error", "message": message}
+        return translator.end("failed", usage=state.usage, model=state.model, error=error)
 
     async def _store(
         self, turn: Turn, response: dict[str, Any], output: list[dict[str, Any]], *, strict: bool
@@ -177,33 +323,54 @@ class _Collected:
 
 @dataclass(slots=True)
 class _StreamOut:
-    """The pipeline's chat stream, told as Responses events as it arrives; the end is
-    sent by ``serve`` once the response is stored."""
+    """The pipeline's chat stream of each step, told as Responses events as it arrives;
+    the end is sent by ``serve`` once the response is stored."""
 
     downstream: Send
     translator: StreamTranslator
-    passthrough: bool = False  # the pipeline answered with an error, not a stream
+    started: bool = False  # the client has the stream's start
+    passthrough: bool = False  # the first step answered with an error, not a stream
+    refused: bytes | None = None  # a later step's error answer (the stream had begun)
+    refused_status: int = 0
     buffer: bytes = b""
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             ctype = dict(message.get("headers", [])).get(b"content-type", b"")
-            if message["status"] != 200 or not ctype.startswith(b"text/event-stream"):
+            sse = message["status"] == 200 and ctype.startswith(b"text/event-stream")
+            if self.started:  # a later step: its start is not the client's
+                if not sse:
+                    self.refused, self.refused_status = b"", message["status"]
+                return
+            if not sse:
                 self.passthrough = True
                 await self.downstream(message)
                 return
+            self.started = True
             headers = _kept(list(message.get("headers", []))) + STREAM_HEADERS
             await self.downstream(
                 {"type": "http.response.start", "status": 200, "headers": headers}
             )
-            await self.downstream(
-                {"type": "http.response.body", "body": self.translator.start(), "more_body": True}
-            )
+            await self.body(self.translator.start())
             return
         if self.passthrough:
             await self.downstream(message)
             return
+        if self.refused is not None:
+            self.refused += message.get("body", b"")
+            return
         events, self.buffer = split_events(self.buffer + message.get("body", b""))
-        out = b"".join(self.translator.feed(e) for e in events)
-        if out:
-            await self.downstream({"type": "http.response.body", "body": out, "more_body": True})
+        await self.body(b"".join(self.translator.feed(e) for e in events))
+
+    async def body(self, events: bytes) -> None:
+        if events:
+            await self.downstream({"type": "http.response.body", "body": events, "more_body": True})
+
+
+def _error_message(body: bytes) -> str:
+    """The message of an error answer (the OpenAI shape), for a response that failed."""
+    try:
+        error = orjson.loads(body)["error"]
+        return str(error["message"]) if isinstance(error, dict) else str(error)
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return body.decode(errors="replace")[:500] or "the tier failed"

@@ -11,6 +11,20 @@ The order is the one the ``openai`` SDK's ``responses.stream`` accumulates::
 each with a ``sequence_number`` counting from 0. The message item is closed when the first
 tool call starts (its text is final then); calls are closed at the end, in order. An error
 event from the relay (the tier failed mid-stream) makes the response ``failed``.
+
+A response of several model steps (the hosted loop) is one stream: each step is fed, then
+closed (``close_step``); a call of a hosted tool is told as its own item::
+
+    (code_interpreter)  output_item.added, code_interpreter_call.in_progress, ...step ends...
+                        code_interpreter_call_code.delta, code_interpreter_call_code.done,
+                        code_interpreter_call.interpreting, ...it runs...,
+                        code_interpreter_call.completed, output_item.done
+    (other sandbox)     output_item.added (mcp_call), mcp_call.in_progress,
+                        mcp_call_arguments.delta..., mcp_call_arguments.done,
+                        ...it runs..., mcp_call.completed | .failed, output_item.done
+
+then the next step's events; sequence numbers and output indexes go on across steps, and
+one ``response.completed`` / ``.incomplete`` / ``.failed`` ends it (``end``).
 """
 
 from __future__ import annotations
@@ -20,7 +34,9 @@ from typing import Any
 
 import orjson
 
+from gateway.pipeline.responses import hosted
 from gateway.pipeline.responses.items import new_id
+from gateway.pipeline.responses.loop import StepAnswer
 from gateway.pipeline.responses.output import Frame, status_of, usage
 from gateway.upstream.sse import DONE
 
@@ -29,14 +45,18 @@ from gateway.upstream.sse import DONE
 class _Call:
     index: int  # output index
     item: dict[str, Any]
-    done: bool = False
+    hosted: bool = False
+    arguments: str = ""  # a hosted call's arguments, as they come
 
 
 @dataclass(slots=True)
 class StreamTranslator:
     frame: Frame
+    kinds: dict[str, str] = field(default_factory=dict)  # hosted tools: kind by function name
+    container: str = ""  # the hosted calls' container_id (the chain's session)
     seq: int = 0
     output: list[dict[str, Any]] = field(default_factory=list)
+    step_start: int = 0  # output index of this step's first item
     text: int | None = None  # output index of the open message item
     calls: dict[int, _Call] = field(default_factory=dict)  # by the chat tool-call index
     finish_reason: str | None = None
@@ -128,24 +148,42 @@ class StreamTranslator:
         call = self.calls.get(index)
         if call is None:
             out += self._close_text()
-            item = {
-                "id": new_id("fc"), "type": "function_call", "status": "in_progress",
-                "call_id": delta.get("id") or new_id("call"), "name": fn.get("name") or "",
-                "arguments": "",
-            }  # fmt: skip
-            call = self.calls[index] = _Call(len(self.output), item)
-            self.output.append(item)
-            out += self.event("response.output_item.added", output_index=call.index, item=item)
-        elif fn.get("name"):
+            call = self.calls[index] = self._new_call(delta.get("id"), fn.get("name") or "")
+            self.output.append(call.item)
+            out += self.event("response.output_item.added", output_index=call.index, item=call.item)
+            if call.hosted:
+                kind = "code_interpreter_call" if _is_code(call.item) else "mcp_call"
+                out += self.event(f"response.{kind}.in_progress", **_where(call))
+        elif fn.get("name") and not call.hosted:
             call.item["name"] += fn["name"]
         args = fn.get("arguments")
         if isinstance(args, str) and args:
-            call.item["arguments"] += args
-            out += self.event(
-                "response.function_call_arguments.delta", item_id=call.item["id"],
-                output_index=call.index, delta=args,
-            )  # fmt: skip
+            out += self._arguments(call, args)
         return out
+
+    def _new_call(self, call_id: str | None, name: str) -> _Call:
+        call_id = call_id or new_id("call")
+        kind = self.kinds.get(name)
+        if kind is not None:  # a hosted tool: the gateway runs it
+            return _Call(
+                len(self.output), hosted.new_item(kind, name, call_id, self.container), True
+            )
+        item = {
+            "id": new_id("fc"), "type": "function_call", "status": "in_progress",
+            "call_id": call_id, "name": name, "arguments": "",
+        }  # fmt: skip
+        return _Call(len(self.output), item)
+
+    def _arguments(self, call: _Call, args: str) -> bytes:
+        if not call.hosted:
+            call.item["arguments"] += args
+            kind = "function_call_arguments"
+        else:
+            call.arguments += args
+            if _is_code(call.item):
+                return b""  # the code is told whole when the step ends
+            kind = "mcp_call_arguments"
+        return self.event(f"response.{kind}.delta", **_where(call), delta=args)
 
     def _close_text(self, status: str = "completed") -> bytes:
         if self.text is None:
@@ -161,31 +199,109 @@ class StreamTranslator:
             + self.event("response.output_item.done", output_index=index, item=item)
         )
 
-    def finish(self) -> tuple[bytes, dict[str, Any]]:
-        """The closing events, and the final response object (to store)."""
-        status, incomplete = status_of(self.finish_reason)
-        error = None
-        if self.error is not None or not self.ended:
-            status, incomplete = "failed", None
-            message = (self.error or {}).get("message") or "the stream ended before its end"
-            error = {"code": "server_error", "message": str(message)}
-        item_status = "completed" if status == "completed" else "incomplete"
+    def close_step(self) -> tuple[bytes, StepAnswer]:
+        """Close this step's items (a hosted call's item stays open until it has run) and
+        start the next step."""
+        failed = self.error is not None or not self.ended
+        cut = status_of(self.finish_reason)[1] is not None
+        item_status = "incomplete" if failed or cut else "completed"
         out = b""
-        if not self.output and status != "failed":  # an empty answer is still a message
+        if len(self.output) == self.step_start and not failed:  # an empty answer: a message
             out += self._open_text()
         out += self._close_text(item_status)
+        arguments: dict[str, str] = {}
         for call in self.calls.values():
-            call.item["status"] = item_status
+            out += self._close_call(call, item_status)
+            if call.hosted:
+                arguments[call.item["id"]] = call.arguments
+        error = None
+        if failed:
+            message = (self.error or {}).get("message") or "the stream ended before its end"
+            error = {"code": "server_error", "message": str(message)}
+        answer = StepAnswer(
+            self.output[self.step_start :], self.finish_reason, self.usage, self.model,
+            arguments, error,
+        )  # fmt: skip
+        self.step_start, self.text, self.calls = len(self.output), None, {}
+        self.finish_reason = self.usage = self.error = None
+        self.ended = False
+        return out, answer
+
+    def _close_call(self, call: _Call, status: str) -> bytes:
+        where = _where(call)
+        if not call.hosted:
+            call.item["status"] = status
+            return self.event(
+                "response.function_call_arguments.done",
+                **where,
+                arguments=call.item["arguments"],
+            ) + self.event("response.output_item.done", output_index=call.index, item=call.item)
+        hosted.set_arguments(call.item, call.arguments)
+        if not _is_code(call.item):
+            return self.event(
+                "response.mcp_call_arguments.done", **where, arguments=call.item["arguments"]
+            )
+        code = call.item["code"]
+        out = self.event("response.code_interpreter_call_code.delta", **where, delta=code)
+        return out + self.event("response.code_interpreter_call_code.done", **where, code=code)
+
+    def running(self, items: list[dict[str, Any]]) -> bytes:
+        """Hosted calls about to run."""
+        return b"".join(
+            self.event("response.code_interpreter_call.interpreting", **self._at(item))
+            for item in items
+            if item["type"] == "code_interpreter_call"
+        )
+
+    def settled(self, items: list[dict[str, Any]]) -> bytes:
+        """Hosted calls that have run (or never will: ``incomplete``), their items closed."""
+        out = b""
+        for item in items:
+            where = self._at(item)
+            if item["status"] != "incomplete":
+                if item["type"] == "code_interpreter_call":
+                    out += self.event("response.code_interpreter_call.completed", **where)
+                else:
+                    end = "completed" if item["status"] == "completed" else "failed"
+                    out += self.event(f"response.mcp_call.{end}", **where)
             out += self.event(
-                "response.function_call_arguments.done", item_id=call.item["id"],
-                output_index=call.index, arguments=call.item["arguments"],
-            )  # fmt: skip
-            out += self.event("response.output_item.done", output_index=call.index, item=call.item)
+                "response.output_item.done", output_index=where["output_index"], item=item
+            )
+        return out
+
+    def _at(self, item: dict[str, Any]) -> dict[str, Any]:
+        index = next(i for i, o in enumerate(self.output) if o is item)
+        return {"item_id": item["id"], "output_index": index}
+
+    def end(
+        self, status: str, *, usage: dict[str, Any] | None = None, model: str | None = None,
+        error: dict[str, Any] | None = None, incomplete: dict[str, Any] | None = None,
+    ) -> tuple[bytes, dict[str, Any]]:  # fmt: skip
+        """The last event, and the final response object (to store)."""
         response = self.frame.response(
-            status, self.output, model=self.model, usage=self.usage, error=error,
+            status, self.output, model=model, usage=usage, error=error, incomplete=incomplete
+        )
+        return self.event(f"response.{status}", response=response), response
+
+    def finish(self) -> tuple[bytes, dict[str, Any]]:
+        """A one-step response's closing events and final response object."""
+        out, answer = self.close_step()
+        status, incomplete = status_of(answer.finish_reason)
+        if answer.error is not None:
+            status, incomplete = "failed", None
+        end, response = self.end(
+            status, usage=answer.usage, model=answer.model, error=answer.error,
             incomplete=incomplete,
         )  # fmt: skip
-        return out + self.event(f"response.{status}", response=response), response
+        return out + end, response
+
+
+def _is_code(item: dict[str, Any]) -> bool:
+    return bool(item["type"] == "code_interpreter_call")
+
+
+def _where(call: _Call) -> dict[str, Any]:
+    return {"item_id": call.item["id"], "output_index": call.index}
 
 
 def _message(ident: str, status: str = "in_progress") -> dict[str, Any]:
