@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, delete, insert, literal_column, select
+from sqlalchemy import Connection, delete, insert, literal_column, select, update
 
 from gateway.errors import InvalidRequest
 from gateway.store.queries import NotFound
@@ -23,6 +23,7 @@ from gateway.store.rows import insert_ignore, now_utc
 from gateway.store.schema import response_items, responses, tenants
 
 MAX_CHAIN = 10_000  # a bound on the recursive walk; ids are minted, so chains cannot loop
+ACTIVE = ("queued", "in_progress")  # a background response still running (or meant to)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,15 +53,74 @@ def save(conn: Connection, tenant: str, r: StoredResponse) -> None:
             model=r.body.get("model"), body=r.body, created_at=now_utc(r.body["created_at"]),
         )
     )  # fmt: skip
+    _items(
+        conn, tenant, r, [*(("input", i) for i in r.inputs), *(("output", o) for o in r.outputs)]
+    )
+
+
+def _items(
+    conn: Connection, tenant: str, r: StoredResponse, items: list[tuple[str, Any]], first: int = 0
+) -> None:
     rows = [
         {"response_id": r.id, "seq": seq, "tenant_id": tenant, "role": role,
          "item_id": item["id"], "item": item}
-        for seq, (role, item) in enumerate(
-            [*(("input", i) for i in r.inputs), *(("output", o) for o in r.outputs)]
-        )
+        for seq, (role, item) in enumerate(items, start=first)
     ]  # fmt: skip
     if rows:
         conn.execute(insert(response_items), rows)
+
+
+def set_active(conn: Connection, tenant: str, response_id: str, body: dict[str, Any]) -> bool:
+    """A background response's new state while it runs (``queued`` → ``in_progress``);
+    False when it is no longer active (cancelled, deleted)."""
+    return _update(conn, tenant, response_id, body)
+
+
+def finish(conn: Connection, tenant: str, r: StoredResponse) -> bool:
+    """Store the end of a background response saved when it was created (its inputs then,
+    its outputs now). Only an active one changes: False when it was cancelled or deleted
+    meanwhile (through another replica, or after a restart), and then nothing is written."""
+    if not _update(conn, tenant, r.id, r.body):
+        return False
+    _items(conn, tenant, r, [("output", o) for o in r.outputs], first=len(r.inputs))
+    return True
+
+
+def _update(conn: Connection, tenant: str, response_id: str, body: dict[str, Any]) -> bool:
+    changed = conn.execute(
+        update(responses)
+        .where(
+            responses.c.id == response_id,
+            responses.c.tenant_id == tenant,
+            responses.c.status.in_(ACTIVE),
+        )
+        .values(status=body["status"], model=body.get("model"), body=body)
+    )
+    return bool(changed.rowcount)
+
+
+def cancel(conn: Connection, tenant: str, response_id: str) -> dict[str, Any]:
+    """Mark a background response ``cancelled`` when no run of this gateway holds it (a
+    run that does stores its own end first, with the output it had). Cancelling a
+    cancelled response returns it; a response that is not a background one, or has ended
+    otherwise, is a 400, as OpenAI answers."""
+    current = get(conn, tenant, response_id)
+    if current.get("background") is not True:
+        raise InvalidRequest(
+            f"response {response_id!r} was not created with background: true; only "
+            "background responses can be cancelled",
+            param="response_id",
+        )
+    if current["status"] == "cancelled":
+        return current
+    if current["status"] not in ACTIVE:
+        raise InvalidRequest(
+            f"response {response_id!r} cannot be cancelled: it is already {current['status']}",
+            param="response_id",
+        )
+    out = current | {"status": "cancelled"}
+    _update(conn, tenant, response_id, out)
+    return out
 
 
 def load_chain(conn: Connection, tenant: str, response_id: str) -> Chain:
@@ -68,7 +128,7 @@ def load_chain(conn: Connection, tenant: str, response_id: str) -> Chain:
     start = (
         select(
             responses.c.id, responses.c.previous_response_id, responses.c.session,
-            literal_column("0").label("depth"),
+            responses.c.status, literal_column("0").label("depth"),
         )
         .where(responses.c.id == response_id, responses.c.tenant_id == tenant)
         .cte("chain", recursive=True)
@@ -76,7 +136,11 @@ def load_chain(conn: Connection, tenant: str, response_id: str) -> Chain:
     parent = responses.alias("parent")
     chain = start.union_all(
         select(
-            parent.c.id, parent.c.previous_response_id, parent.c.session, start.c.depth + 1
+            parent.c.id,
+            parent.c.previous_response_id,
+            parent.c.session,
+            parent.c.status,
+            start.c.depth + 1,
         ).where(
             parent.c.id == start.c.previous_response_id,
             parent.c.tenant_id == tenant,
@@ -86,6 +150,12 @@ def load_chain(conn: Connection, tenant: str, response_id: str) -> Chain:
     links = conn.execute(select(chain).order_by(chain.c.depth)).all()
     if not links:
         raise NotFound(f"no response {response_id!r}")
+    if links[0].status in ACTIVE:
+        raise InvalidRequest(
+            f"response {response_id!r} is still {links[0].status} (a background response): "
+            "wait until it has finished to continue it",
+            param="previous_response_id",
+        )
     oldest = links[-1]
     if oldest.previous_response_id is not None:
         raise NotFound(

@@ -22,6 +22,10 @@ NEEDS_SANDBOX = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("bwrap") is None or shutil.which("runsc") is None,
     reason="bench.sandbox needs root, bubblewrap and gVisor's runsc (./scripts/install.sh)",
 )
+NEEDS_BWRAP = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("bwrap") is None,
+    reason="the gateway's sandbox needs root and bubblewrap (./scripts/install.sh)",
+)
 
 
 def run_quick(name: str, *extra: str, timeout_s: float) -> dict[str, object]:
@@ -63,6 +67,14 @@ def test_kv_compaction_quick_run() -> None:
 @NEEDS_SANDBOX
 def test_sandbox_quick_run() -> None:
     run_quick("sandbox", timeout_s=300)
+
+
+@NEEDS_BWRAP
+def test_agent_loop_quick_run() -> None:
+    last = run_quick("agent_loop", timeout_s=600)
+    assert {"iteration_overhead_p50_ms", "iteration_overhead_p99_ms", "chain50_load_p50_ms"} <= set(
+        last
+    )
 
 
 @pytest.mark.e2e

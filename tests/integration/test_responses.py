@@ -208,7 +208,8 @@ def test_tenants_are_isolated(make_stack):
     ("body", "param"),
     [
         ({"model": "full", "input": "x", "frobnicate": 1}, "frobnicate"),
-        ({"model": "full", "input": "x", "background": True}, "background"),
+        ({"model": "full", "input": "x", "background": True, "store": False}, "background"),
+        ({"model": "full", "input": "x", "background": True, "stream": True}, "stream"),
         ({"model": "full", "input": "x", "tools": [{"type": "mcp", "server_label": "s"}]}, "tools[0].type"),
         ({"model": "full", "input": "x", "tools": [{"type": "shell"}]}, "tools[0].type"),
         ({"model": "full", "input": "x", "tool_choice": {"type": "mcp"}}, "tool_choice.type"),

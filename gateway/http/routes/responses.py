@@ -4,6 +4,7 @@
     GET    /v1/responses/{id}                 the stored response object
     DELETE /v1/responses/{id}                 delete it and its items
     GET    /v1/responses/{id}/input_items     its input items, a cursor page
+    POST   /v1/responses/{id}/cancel          stop a background response
 
 Everything is scoped to the caller's tenant: another tenant's response is a 404 like a
 missing one. docs/responses.md lists what is served and what is not yet.
@@ -11,10 +12,13 @@ missing one. docs/responses.md lists what is served and what is not yet.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query, Request
+import orjson
+from fastapi import APIRouter, FastAPI, Path, Query, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -58,8 +62,18 @@ class _Serve(Response):
 
 
 def build_router(services: Services, pipeline: CompletionPipeline) -> APIRouter:
-    router = APIRouter(prefix="/v1/responses")
     service = ResponsesService(services, pipeline)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Inside the app's lifespan: background runs stop (and are stored) before the
+        # recorder closes.
+        try:
+            yield
+        finally:
+            await service.background.close()
+
+    router = APIRouter(prefix="/v1/responses", lifespan=lifespan)
 
     def tenant(request: Request) -> str:
         return services.auth.authenticate(request.headers.get("authorization")).tenant
@@ -77,17 +91,28 @@ def build_router(services: Services, pipeline: CompletionPipeline) -> APIRouter:
             who.key_name, headers.get("x-session-id"), headers.get("x-gearshift-task-id"),
             headers.get("x-gearshift-group-id"),
         )  # fmt: skip
-        return _Serve(service, await service.prepare(parsed, identity))
+        turn = await service.prepare(parsed, identity)
+        if parsed.background:
+            queued = await service.background.start(turn)
+            return Response(orjson.dumps(queued), media_type="application/json")
+        return _Serve(service, turn)
 
     @router.get("/{ident}")
-    async def retrieve(request: Request, ident: Ident) -> dict[str, Any]:
+    async def retrieve(request: Request, ident: Ident, stream: bool = False) -> dict[str, Any]:
         who = tenant(request)
+        if stream:
+            raise protocol.not_yet("stream", "streaming a stored or background response")
         return await service.call(lambda c: stored.get(c, who, ident))
 
     @router.delete("/{ident}")
     async def delete(request: Request, ident: Ident) -> dict[str, Any]:
         who = tenant(request)
+        service.background.forget(who, ident)
         return await service.call(lambda c: stored.remove(c, who, ident))
+
+    @router.post("/{ident}/cancel")
+    async def cancel(request: Request, ident: Ident) -> dict[str, Any]:
+        return await service.background.cancel(tenant(request), ident)
 
     @router.get("/{ident}/input_items")
     async def input_items(

@@ -107,7 +107,7 @@ class Frame:
         return {
             "id": self.id, "object": "response", "created_at": self.created_at,
             "status": status, "completed_at": int(time.time()) if done else None,
-            "background": False, "error": error, "incomplete_details": incomplete,
+            "background": r.background is True, "error": error, "incomplete_details": incomplete,
             "instructions": r.instructions, "max_output_tokens": r.max_output_tokens,
             "max_tool_calls": r.max_tool_calls, "model": model or r.model, "output": output,
             "parallel_tool_calls": r.parallel_tool_calls is not False,

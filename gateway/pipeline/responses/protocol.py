@@ -7,8 +7,8 @@ into a chat request (``gateway.pipeline.responses.chat``). So an unknown paramet
 * served: ``SERVED`` below (docs/responses.md says how each maps to the chat request);
 * accepted and ignored: ``IGNORED`` (valid OpenAI parameters that change nothing here yet,
   e.g. ``reasoning``; ``truncation: "disabled"`` is what the gateway does anyway);
-* not supported yet: ``NOT_YET``, a 400 naming the parameter when it is set (``background:
-  true``, ``conversation``, ``prompt``, ...). Tool types other than function,
+* not supported yet: ``NOT_YET``, a 400 naming the parameter when it is set
+  (``conversation``, ``prompt``, ...), and ``stream`` with ``background: true``. Tool types other than function,
   code_interpreter and sandbox (``hosted``) are refused in ``chat``.
 
 Input items, tools, ``tool_choice`` and ``text`` are checked by hand where they are
@@ -27,14 +27,14 @@ SERVED = frozenset(
     {
         "model", "input", "instructions", "previous_response_id", "store", "stream",
         "max_output_tokens", "tool_choice", "tools", "parallel_tool_calls", "text",
-        "temperature", "top_p", "metadata", "user", "max_tool_calls",
+        "temperature", "top_p", "metadata", "user", "max_tool_calls", "background",
     }
 )  # fmt: skip
 IGNORED = frozenset(
     {
         "reasoning", "truncation", "include", "prompt_cache_key",
         "prompt_cache_retention", "prompt_cache_options", "safety_identifier", "service_tier",
-        "top_logprobs", "stream_options", "background",
+        "top_logprobs", "stream_options",
     }
 )  # fmt: skip
 NOT_YET = frozenset(
@@ -66,6 +66,7 @@ class ResponsesRequest(BaseModel):
     metadata: Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = None  # fmt: skip
     user: str | None = None
     max_tool_calls: Annotated[int, Field(ge=1)] | None = None
+    background: bool | None = None  # gateway.pipeline.responses.background
     # accepted, not used yet (IGNORED)
     reasoning: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] | None = None
@@ -77,7 +78,6 @@ class ResponsesRequest(BaseModel):
     service_tier: str | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     stream_options: dict[str, Any] | None = None
-    background: bool | None = None
     # refused when set (NOT_YET)
     conversation: Any = None
     prompt: Any = None
@@ -104,8 +104,13 @@ def check_names(body: dict[str, Any]) -> None:
 
 def check_supported(request: ResponsesRequest) -> None:
     """A 400 for valid parameters this slice does not serve yet."""
-    if request.background:
-        raise not_yet("background", "background: true (detached runs)")
+    if request.background and request.store is False:
+        raise InvalidRequest(
+            "background responses must be stored: background: true needs store: true",
+            param="background",
+        )
+    if request.background and request.stream:
+        raise not_yet("stream", "stream: true with background: true (a streamed background run)")
     for name in sorted(NOT_YET):
         if getattr(request, name) is not None:
             raise not_yet(name, repr(name))
@@ -117,7 +122,7 @@ def check_supported(request: ResponsesRequest) -> None:
 def not_yet(param: str, what: str) -> InvalidRequest:
     return InvalidRequest(
         f"{what} is not supported yet by this gateway's /v1/responses; it serves function "
-        "tools and the sandbox's hosted tools (code_interpreter, sandbox), without MCP, "
-        "approvals or background runs (see docs/responses.md)",
+        "tools and the sandbox's hosted tools (code_interpreter, sandbox), and background runs "
+        "without streaming, not MCP or approvals (see docs/responses.md)",
         param=param,
     )

@@ -42,6 +42,7 @@ from gateway.pipeline.handler import STREAM_HEADERS, CompletionPipeline
 from gateway.pipeline.outcome import CLIENT_CLOSED
 from gateway.pipeline.request import ParsedRequest, RequestIdentity
 from gateway.pipeline.responses import chat, hosted, items
+from gateway.pipeline.responses.background import Background
 from gateway.pipeline.responses.loop import NOT_RUN, Decision, LoopState, StepAnswer
 from gateway.pipeline.responses.output import Frame, answer_items, usage
 from gateway.pipeline.responses.protocol import ResponsesRequest
@@ -90,6 +91,7 @@ class ResponsesService:
     def __init__(self, services: Services, pipeline: CompletionPipeline) -> None:
         self.services = services
         self.pipeline = pipeline
+        self.background = Background(self)
 
     async def prepare(self, request: ResponsesRequest, who: RequestIdentity) -> Turn:
         """Everything that may refuse the request, before any model call or store write."""
@@ -110,7 +112,7 @@ class ResponsesService:
         parsed = ParsedRequest(identity, body)
         return Turn(frame, parsed, inputs, session, chain.items, kinds, offered)
 
-    def _state(self, turn: Turn) -> LoopState:
+    def new_state(self, turn: Turn) -> LoopState:
         r = turn.frame.request
         return LoopState(r.max_tool_calls, r.max_output_tokens, self.max_turns)
 
@@ -122,47 +124,61 @@ class ResponsesService:
         if turn.parsed.stream:
             await self._serve_stream(turn, scope, receive, send)
             return
-        state = self._state(turn)
-        headers: list[tuple[bytes, bytes]] = []
+        last = _Collected()
+        response = await self.loop(turn, self.new_state(turn), scope, receive, last=last)
+        if response is None:
+            if last.status != CLIENT_CLOSED:  # the first step's error answer, passed on
+                await last.replay(send)
+            return  # or the client left: nothing to store, as with one step
+        await self._store(turn, response, response["output"], strict=True)
+        body = orjson.dumps(response)
+        headers = [*(last.headers or JSON_HEADERS), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def loop(
+        self, turn: Turn, state: LoopState, scope: Scope, receive: Receive, *,
+        last: _Collected | None = None, detached: bool = False,
+    ) -> dict[str, Any] | None:  # fmt: skip
+        """The model steps of a non-streamed response and the hosted calls between them;
+        the response object at its end. None: the first step's refusal, to be passed on as
+        it is (in ``last``), or the client left. ``detached`` (a background response, no
+        client to pass anything on to): the first step's refusal fails the response too."""
         while True:
             got = _Collected()
             try:
                 await self.pipeline(turn.step(state), scope, receive, got.send)
             except GatewayError as exc:
-                if state.turns == 0:
+                if state.turns == 0 and not detached:
                     raise
-                response = self._failed(turn, state, exc.message)
-                break
+                return self.failed(turn, state, exc.message)
+            if last is not None:
+                last.status, last.headers, last.raw_headers = (
+                    got.status,
+                    got.headers,
+                    got.raw_headers,
+                )
+                last.body = got.body
+            if got.status == CLIENT_CLOSED or (
+                got.status != 200 and state.turns == 0 and not detached
+            ):
+                return None
             if got.status != 200:
-                if state.turns == 0:
-                    await got.replay(send)
-                    return
-                if got.status == CLIENT_CLOSED:
-                    return  # the client left: nothing to store, as with one step
-                response = self._failed(turn, state, _error_message(got.body))
-                break
-            headers = got.headers
+                return self.failed(turn, state, _error_message(got.body))
             answer = self._answered(turn, got.body)
             state.output.extend(answer.items)
             decision = state.add(answer)
             try:
                 await self._run(turn, decision, answer)
             except SandboxUnavailable as exc:
-                response = self._failed(turn, state, exc.message)
-                break
+                return self.failed(turn, state, exc.message)
             if decision.end:
-                response = self._ended(turn, state, decision)
-                break
-        await self._store(turn, response, response["output"], strict=True)
-        body = orjson.dumps(response)
-        headers = [*(headers or JSON_HEADERS), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+                return self._ended(turn, state, decision)
 
     async def _serve_stream(self, turn: Turn, scope: Scope, receive: Receive, send: Send) -> None:
         translator = StreamTranslator(turn.frame, turn.kinds, turn.session)
         out = _StreamOut(send, translator)
-        state = self._state(turn)
+        state = self.new_state(turn)
         state.output = translator.output  # one list: the translator adds, the loop counts
         while True:
             out.refused = None
@@ -247,7 +263,7 @@ class ResponsesService:
         )  # fmt: skip
 
     @staticmethod
-    def _failed(turn: Turn, state: LoopState, message: str) -> dict[str, Any]:
+    def failed(turn: Turn, state: LoopState, message: str) -> dict[str, Any]:
         error = {"code": "server_error", "message": message}
         return turn.frame.response(
             "failed", state.output, model=state.model, usage=state.usage, error=error

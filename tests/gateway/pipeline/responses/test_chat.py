@@ -96,8 +96,15 @@ def test_parameter_names():
     with pytest.raises(InvalidRequest) as err:
         check_names({"model": "m", "input": "x", "zeta": 1, "alpha": 2})
     assert err.value.param == "alpha" and "'zeta'" in err.value.message
-    for name, value in (("background", True), ("prompt", {"id": "p"}), ("conversation", "c")):
+    for name, value in (("prompt", {"id": "p"}), ("conversation", "c")):
         with pytest.raises(InvalidRequest, match="not supported yet") as err:
             check_supported(request(**{name: value}))
         assert err.value.param == name
+    with pytest.raises(InvalidRequest, match="not supported yet") as err:
+        check_supported(request(background=True, stream=True))
+    assert err.value.param == "stream"
+    with pytest.raises(InvalidRequest, match="must be stored") as err:
+        check_supported(request(background=True, store=False))
+    assert err.value.param == "background"
+    check_supported(request(background=True))
     check_supported(request(background=False, reasoning={"effort": "high"}))

@@ -1,0 +1,153 @@
+"""Background responses (``background: true``): created, stored and answered at once, run
+detached by the gateway, polled with ``GET /v1/responses/{id}``, stopped with
+``POST /v1/responses/{id}/cancel``.
+
+    create    the request is prepared as any other (every refusal is the client's 4xx/503
+              before anything is stored); the response is stored ``queued`` with its input
+              items and returned; an asyncio task owned by ``Background`` runs its loop
+    run       stored ``in_progress``, then the hosted loop of a non-streamed response
+              (``ResponsesService.loop``) with no client to send to: a tier's refusal or
+              any failure ends it ``failed`` with the error; its end is stored with its
+              output items, only if it is still active
+    cancel    the task of this gateway is cancelled and stores ``cancelled`` with the
+              output it had; a response no task here holds (another replica's, or one a
+              killed gateway left active) is marked ``cancelled`` in the store, and its
+              run, wherever it is, then stores nothing
+    shutdown  ``close`` (the router's lifespan, before the recorder closes) cancels every
+              task: each stores ``failed``, saying that the gateway shut down
+
+A background response must be stored (``store: false`` is a 400, as OpenAI answers) and is
+not streamed in this slice (``stream: true`` is a 400 naming ``stream``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.types import Message, Scope
+
+from gateway.errors import GatewayError, StoreUnavailable
+from gateway.pipeline.responses.loop import LoopState
+from gateway.store import responses as stored
+
+if TYPE_CHECKING:
+    from gateway.pipeline.responses.serving import ResponsesService, Turn
+
+log = logging.getLogger(__name__)
+SHUTDOWN = "the gateway shut down while this background response ran"
+Key = tuple[str, str]  # tenant, response id
+# What the pipeline reads of its ASGI scope; no disconnect ever comes (nobody waits).
+SCOPE: Scope = {
+    "type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+    "method": "POST", "path": "/v1/responses", "headers": [], "extensions": {},
+}  # fmt: skip
+
+
+async def _no_disconnect() -> Message:
+    await asyncio.Event().wait()  # until the task is cancelled
+    raise AssertionError("unreachable")
+
+
+class Background:
+    """The background responses this gateway runs, by tenant and id."""
+
+    def __init__(self, service: ResponsesService) -> None:
+        self.service = service
+        self.tasks: dict[Key, asyncio.Task[None]] = {}
+        self.reasons: dict[Key, str] = {}  # why a task was cancelled: SHUTDOWN, else the client
+
+    async def start(self, turn: Turn) -> dict[str, Any]:
+        """Store the response ``queued`` and start its run; the object the client gets."""
+        queued = turn.frame.response("queued", [])
+        row = stored.StoredResponse(
+            turn.frame.id, turn.session, turn.frame.request.previous_response_id, queued,
+            turn.inputs, [],
+        )  # fmt: skip
+        tenant = turn.parsed.identity.tenant
+        await self.service.call(lambda c: stored.save(c, tenant, row))
+        key = (tenant, turn.frame.id)
+        task = asyncio.create_task(self._run(turn, key), name=f"background {turn.frame.id}")
+        self.tasks[key] = task
+        task.add_done_callback(lambda _: self.tasks.pop(key, None))
+        return queued
+
+    async def _run(self, turn: Turn, key: Key) -> None:
+        service = self.service
+        state = service.new_state(turn)
+        try:
+            running = turn.frame.response("in_progress", [])
+            if not await self._write(key, lambda c: stored.set_active(c, key[0], key[1], running)):
+                return  # cancelled or deleted before it began
+            response = await service.loop(turn, state, SCOPE, _no_disconnect, detached=True)
+            if response is None:  # detached: no client to leave, no refusal passed on
+                response = service.failed(turn, state, "the first step was not answered")
+        except asyncio.CancelledError:
+            await self._finish(turn, key, self._stopped(turn, state, self.reasons.pop(key, "")))
+            raise
+        except Exception as exc:  # a bug or an unforeseen failure: the response says so
+            log.error("background response %s failed", key[1], exc_info=exc)
+            message = exc.message if isinstance(exc, GatewayError) else f"internal error: {exc!r}"
+            response = service.failed(turn, state, message)
+        await self._finish(turn, key, response)
+
+    @staticmethod
+    def _stopped(turn: Turn, state: LoopState, reason: str) -> dict[str, Any]:
+        for item in state.output:  # a hosted call cut short
+            if item.get("status") == "in_progress":
+                item["status"] = "incomplete"
+        if reason == SHUTDOWN:
+            error = {"code": "server_error", "message": SHUTDOWN}
+            return turn.frame.response(
+                "failed", state.output, model=state.model, usage=state.usage, error=error
+            )
+        return turn.frame.response("cancelled", state.output, model=state.model, usage=state.usage)
+
+    async def _finish(self, turn: Turn, key: Key, response: dict[str, Any]) -> None:
+        row = stored.StoredResponse(
+            turn.frame.id, turn.session, turn.frame.request.previous_response_id, response,
+            turn.inputs, response["output"],
+        )  # fmt: skip
+        if not await self._write(key, lambda c: stored.finish(c, key[0], row)):
+            log.info("background response %s ended %s; not stored: no longer active (cancelled or "
+                     "deleted meanwhile)", key[1], response["status"])  # fmt: skip
+
+    async def _write(self, key: Key, fn: Callable[[Any], bool]) -> bool:
+        """A store write of the run; it is not interrupted by a cancel that comes meanwhile
+        (the cancel waits for the run's end, which this write may be)."""
+        try:
+            return await asyncio.shield(self.service.call(fn))
+        except (StoreUnavailable, SQLAlchemyError, GatewayError) as exc:
+            log.error("background response %s: the store failed: %s", key[1], exc)
+            return False
+
+    async def cancel(self, tenant: str, response_id: str) -> dict[str, Any]:
+        """``POST /v1/responses/{id}/cancel``: the cancelled response object."""
+        key = (tenant, response_id)
+        task = self.tasks.get(key)
+        if task is not None and task.cancel():
+            await asyncio.wait([task])  # it stores ``cancelled`` with its output so far
+        return await self.service.call(
+            lambda c: stored.cancel(c, tenant, response_id), "response_id"
+        )
+
+    def forget(self, tenant: str, response_id: str) -> None:
+        """Stop the run of a response being deleted (its end would not be stored anyway)."""
+        task = self.tasks.get((tenant, response_id))
+        if task is not None:
+            task.cancel()
+
+    async def close(self, timeout_s: float = 10) -> None:
+        """Cancel every run; each stores ``failed`` (SHUTDOWN) before the store closes."""
+        tasks = list(self.tasks.items())
+        for key, task in tasks:
+            self.reasons[key] = SHUTDOWN
+            task.cancel()
+        if tasks:
+            log.warning("shutting down: %d background responses stopped", len(tasks))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait([t for _, t in tasks], timeout=timeout_s)
