@@ -219,6 +219,20 @@ class Recorder:
         self._queue.put_nowait(_Op(fn, future))  # operations come from few callers: unbounded
         return await future
 
+    async def direct(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn(conn)`` in a transaction now, not behind the queued steps: for tables
+        no step writes and that need no step committed first (the Responses API's own).
+        Such operations keep their order among themselves (one thread runs them all)."""
+        if self._closing or self._task is None or self.engine is None:
+            raise RecorderClosed("the trajectory store is not running")
+        engine = self.engine
+
+        def run() -> T:
+            with engine.begin() as conn:
+                return fn(conn)
+
+        return await asyncio.get_running_loop().run_in_executor(self._thread, run)
+
     # -- the consumer -----------------------------------------------------
 
     async def _consume(self) -> None:

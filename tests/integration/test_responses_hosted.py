@@ -62,6 +62,10 @@ def hosted_stack(make_stack, sandbox_root) -> Iterator[Callable[..., Stack]]:
 
 
 def recorded_calls(stack: Stack) -> list[dict[str, Any]]:
+    """The recorded tool calls, once everything queued so far is written: steps go to the
+    store in the recorder's batches, and a read through the API runs after them (this one
+    answers 404; it is its place in the queue that counts)."""
+    httpx.get(f"{stack.url}/v1/sessions/after-the-queued-steps")
     engine = make_engine(stack.store_url)
     try:
         with engine.connect() as conn:
@@ -99,12 +103,14 @@ def test_code_interpreter_runs_in_the_sandbox_then_the_model_answers(hosted_stac
     # stored with the whole loop; the result on the recorded tool call; two steps
     stored = client.responses.retrieve(r.id)
     assert stored.model_dump() == r.model_dump()
+    # The steps are recorded as chat steps are, in the recorder's batches: a read through
+    # the API sees them (it runs after what was queued before it); the database a moment on.
+    session = httpx.get(f"{stack.url}/v1/sessions/{r.id}").json()
     (row,) = recorded_calls(stack)
     assert (row["call_id"], row["tool"], row["status"], row["exit_status"]) == (
         "call_7", "run_python", "ok", 0,
     )  # fmt: skip
     assert row["attestation"]
-    session = httpx.get(f"{stack.url}/v1/sessions/{r.id}").json()
     assert [s["seq"] for s in session["steps"]] == [0, 1]
     assert [s["rewritten"] for s in session["steps"]] == [False, False]
     assert ("tool_call", "tool_success", 1.0) in [

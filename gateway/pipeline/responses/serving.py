@@ -296,12 +296,14 @@ class ResponsesService:
             log.error("response %s was streamed but could not be stored: %s", turn.frame.id, exc)
 
     async def call(self, fn: Callable[[Connection], T], param: str | None = None) -> T:
-        """A store operation, after the steps queued before it; a missing (or another
+        """A store operation on the responses' own tables, run at once (not behind the
+        recorder's queued steps: none of them touches these tables; measured, it was most
+        of a stored response's time under load, docs/benchmarks.md); a missing (or another
         tenant's) response is a 404 naming ``param``."""
         if self.services.recorder is None:
             raise StoreUnavailable("responses are not stored: recording is off (store.enabled)")
         try:
-            return await self.services.recorder.call(fn)
+            return await self.services.recorder.direct(fn)
         except NotFound as exc:
             raise ResourceNotFound(str(exc), param=param) from None
         except RecorderClosed as exc:
