@@ -62,7 +62,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,7 @@ from sqlalchemy import select
 from bench import sandbox_api as api
 from bench.procs import start, stop, wait_http
 from bench.proxies import KEY, free_port
+from bench.sandbox import timed
 from gateway.store.database import make_engine
 from gateway.store.responses import load_chain
 from gateway.store.schema import tool_calls
@@ -266,15 +267,6 @@ class Bench:
 
 
 # -- the chain ---------------------------------------------------------------------------
-
-
-async def timed(n: int, fn: Callable[[], Awaitable[object]]) -> list[float]:
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        await fn()
-        out.append((time.perf_counter() - t) * 1000)
-    return out
 
 
 async def chain(b: Bench, turns: int, n: int) -> dict[str, float]:

@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from bench.mock_upstream import IDS_RE, MODEL_RE, STREAM_RE, MockProtocol, prompt_tokens
+from bench.mock_upstream import STREAM_RE, MockProtocol, chat_answer
 
 TASK_RE = re.compile(rb"task ([0-9a-zA-Z_-]+) steps=(\d+)")
 TOOL_MSG_RE = re.compile(rb'"role"\s*:\s*"tool"')
@@ -49,19 +49,7 @@ def answer(body: bytes) -> bytes:
         call = {"id": f"call_{task}_{done}", "type": "function",
                 "function": {"name": "run_python", "arguments": CODE}}  # fmt: skip
         message, finish = {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
-    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish,
-                              "logprobs": None}  # fmt: skip
-    prompt = prompt_tokens(body)
-    model = MODEL_RE.search(body)
-    data: dict[str, Any] = {
-        "id": "chatcmpl-loop", "object": "chat.completion", "created": 1,
-        "model": (model.group(1) if model else b"mock").decode(), "choices": [choice],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": 8, "total_tokens": prompt + 8},
-    }  # fmt: skip
-    if IDS_RE.search(body):  # as vLLM answers a recording gateway
-        choice["token_ids"] = list(range(1000, 1008))
-        data["prompt_token_ids"] = list(range(1, prompt + 1))
-    return orjson.dumps(data)
+    return chat_answer(body, message, finish, 8, "loop")
 
 
 class LoopUpstream(MockProtocol):

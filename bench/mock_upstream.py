@@ -55,6 +55,27 @@ def prompt_tokens(body: bytes) -> int:
     return max(1, len(body) // 4)
 
 
+def chat_answer(
+    body: bytes, message: dict[str, Any], finish: str, completion: int, name: str
+) -> bytes:
+    """A whole chat completion answering ``body`` with ``message``, sized from the body; with
+    the token ids vLLM adds when the body asks for them (as a recording gateway's does)."""
+    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish,
+                              "logprobs": None}  # fmt: skip
+    prompt = prompt_tokens(body)
+    model = MODEL_RE.search(body)
+    data: dict[str, Any] = {
+        "id": f"chatcmpl-{name}", "object": "chat.completion", "created": 1,
+        "model": (model.group(1) if model else b"mock").decode(), "choices": [choice],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                  "total_tokens": prompt + completion},
+    }  # fmt: skip
+    if IDS_RE.search(body):
+        choice["token_ids"] = list(range(1000, 1000 + completion))
+        data["prompt_token_ids"] = _prompt_ids(prompt)
+    return orjson.dumps(data)
+
+
 def tokenize(body: bytes) -> bytes:
     """vLLM's ``/tokenize`` answer for ``body``: tokens from its bytes, ``model`` left out."""
     request = orjson.loads(body or b"{}")

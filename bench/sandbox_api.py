@@ -38,7 +38,7 @@ import aiohttp
 import orjson
 import yaml
 
-from bench.mock_upstream import IDS_RE, MODEL_RE, STREAM_RE, MockProtocol, prompt_tokens
+from bench.mock_upstream import STREAM_RE, MockProtocol, chat_answer
 from bench.procs import CLK_TCK, start
 from bench.proxies import KEY, free_port, gearshift_config
 
@@ -58,28 +58,13 @@ def tool_turn(body: bytes) -> bytes:
     request = orjson.loads(body)
     tool = str(request["messages"][-1].get("content"))
     tool = tool if tool in ARGUMENTS else "run_python"
-    m = MODEL_RE.search(body)
     calls = [
         {"id": f"call_{next(_ids)}", "type": "function",
          "function": {"name": tool, "arguments": orjson.dumps(ARGUMENTS[tool]).decode()}}
         for _ in range(CALLS_PER_STEP)
     ]  # fmt: skip
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": {"role": "assistant", "content": None, "tool_calls": calls},
-        "finish_reason": "tool_calls",
-        "logprobs": None,
-    }
-    prompt = prompt_tokens(body)
-    data: dict[str, Any] = {
-        "id": "chatcmpl-tools", "object": "chat.completion", "created": 1,
-        "model": (m.group(1) if m else b"mock").decode(), "choices": [choice],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": 20, "total_tokens": prompt + 20},
-    }  # fmt: skip
-    if IDS_RE.search(body):  # as vLLM answers a recording gateway
-        choice["token_ids"] = list(range(1000, 1020))
-        data["prompt_token_ids"] = list(range(1, prompt + 1))
-    return orjson.dumps(data)
+    message = {"role": "assistant", "content": None, "tool_calls": calls}
+    return chat_answer(body, message, "tool_calls", 20, "tools")
 
 
 class ToolTurnUpstream(MockProtocol):

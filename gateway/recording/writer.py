@@ -172,19 +172,15 @@ class StepWriter:
         sha = hashlib.sha256(body).hexdigest()
         self._pending.blobs[sha] = {"sha256": sha, "body": body}
         messages = request.get("messages") if rec.endpoint == "chat" else None
-        hashed = (
-            rec.chain
-            if rec.chain is not None and len(rec.chain.continuations) == len(rec.step_ids)
-            else None
-        )
-        history = chain.History(messages) if isinstance(messages, list) and hashed is None else None
-        prefix = (
-            hashed.prefix
-            if hashed is not None
-            else history.prefix()
-            if history is not None
-            else None
-        )
+        # The request path's chain hashes when it sent them (one per choice), else our own.
+        hashed, history, prefix = rec.chain, None, None
+        if hashed is not None and len(hashed.continuations) == len(rec.step_ids):
+            prefix = hashed.prefix
+        else:
+            hashed = None
+            if isinstance(messages, list):
+                history = chain.History(messages)
+                prefix = history.prefix()
         sid, rewritten = self._session(conn, rec, prefix)
         seq = self._next_seq(conn, sid)
         if seq == 0:
