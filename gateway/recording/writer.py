@@ -5,11 +5,12 @@ finding the session a step continues, numbering steps, pairing tool results
 with the calls that asked for them, and computing reward components.
 
 Rows are collected per table and inserted with one multi-row statement per
-table (``_Pending``); the few reads the writer needs (a session's next number,
-earlier tool calls) are answered from caches of what this process wrote, and go
-to the database only on a miss, after flushing what is pending so that they see
-it. A batch of agent steps therefore costs a handful of statements, not several
-per step.
+table (``gateway.recording.batch.Pending``); the few reads the writer needs (the
+session a history continues, a session's next number, earlier tool calls) are
+answered from caches of what this process wrote and from the batch's own pending
+rows, and go to the database only on a miss, without writing the batch first. A
+batch of agent steps therefore costs a handful of statements, not several per
+step.
 """
 
 from __future__ import annotations
@@ -17,120 +18,33 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, bindparam, func, insert, select, update
+from sqlalchemy import Connection
 
+from gateway.recording.batch import (
+    CALL_BY_ID,
+    CALL_SIGS,
+    CONTINUED,
+    LRU,
+    NO_SANDBOX_RESULT,
+    OPEN_CALLS,
+    TOP_SEQ,
+    Pending,
+    reward_row,
+    session_row,
+    text_of,
+)
 from gateway.recording.records import ChoiceCapture, RawJson, StepRecord, ToolResultRecord
 from gateway.store import chain, codec, rewards
 from gateway.store.rows import insert_ignore, now_utc, session_key
-from gateway.store.schema import blobs, sessions, steps, tenants, tool_calls
-from gateway.store.schema import rewards as rewards_t
+from gateway.store.schema import tenants
 from sandbox.toolschema import check_call, tool_schemas
 
 log = logging.getLogger(__name__)
-
-
-# The writer's lookups, built once: SQLAlchemy keeps their compiled form, so a lookup
-# costs an execution, not a statement's construction and cache-key computation.
-_CONTINUED = (
-    select(steps.c.session_id)
-    .where(
-        steps.c.tenant_id == bindparam("tenant"),
-        steps.c.continuation_sha256 == bindparam("prefix"),
-    )
-    .limit(1)
-)
-_TOP_SEQ = select(func.max(steps.c.seq)).where(steps.c.session_id == bindparam("sid"))
-_CALL_SIGS = select(tool_calls.c.tool, tool_calls.c.arguments).where(
-    tool_calls.c.session_id == bindparam("sid")
-)
-_OPEN_CALLS = select(tool_calls.c.id, tool_calls.c.call_id, tool_calls.c.exit_status).where(
-    tool_calls.c.session_id == bindparam("sid"),
-    tool_calls.c.call_id.in_(bindparam("call_ids", expanding=True)),
-    tool_calls.c.result.is_(None),
-)
-_ANSWER_CALL = (
-    update(tool_calls)
-    .where(tool_calls.c.id == bindparam("pk"))
-    .values(
-        result=bindparam("answer"),
-        result_step_id=bindparam("answer_step"),
-        status=bindparam("answer_status"),
-    )
-)
-
-
-_SANDBOX_COLUMNS = ("result", "status", "exit_status", "duration_ms", "denial",
-                   "injected_fault", "attestation")  # fmt: skip
-_NO_SANDBOX_RESULT = dict.fromkeys(_SANDBOX_COLUMNS[2:])
-_SANDBOX_RESULT = (
-    update(tool_calls)
-    .where(tool_calls.c.id == bindparam("pk"))
-    .values({c: bindparam("set_" + c) for c in _SANDBOX_COLUMNS})
-)
-_CALL_BY_ID = (
-    select(tool_calls.c.id, tool_calls.c.attestation)
-    .where(tool_calls.c.session_id == bindparam("sid"), tool_calls.c.call_id == bindparam("call"))
-    .limit(1)
-)
-
-
-class _LRU(OrderedDict[str, Any]):
-    def __init__(self, capacity: int) -> None:
-        super().__init__()
-        self.capacity = capacity
-
-    def put(self, key: str, value: Any) -> None:
-        self[key] = value
-        self.move_to_end(key)
-        if len(self) > self.capacity:
-            self.popitem(last=False)
-
-
-class _Pending:
-    """Rows waiting for their multi-row INSERT, in foreign-key order, and this batch's
-    answers to tool calls committed earlier (one UPDATE statement for all of them)."""
-
-    def __init__(self) -> None:
-        self.blobs: dict[str, dict[str, Any]] = {}
-        self.sessions: dict[str, dict[str, Any]] = {}
-        self.steps: list[dict[str, Any]] = []
-        self.calls: list[dict[str, Any]] = []
-        self.rewards: list[dict[str, Any]] = []
-        self.answers: list[dict[str, Any]] = []
-        self.sandbox_results: list[dict[str, Any]] = []  # for committed calls
-        self.answered: set[str] = set()  # committed calls answered in this batch
-        # session -> its calls made in this batch and not answered yet, by call id
-        self.open_calls: dict[str, dict[str, dict[str, Any]]] = {}
-        # sessions with nothing committed when this batch first saw them: no call of theirs
-        # can be in the database, so answering their calls needs no query
-        self.fresh: set[str] = set()
-
-    def add_calls(self, rows: list[dict[str, Any]]) -> None:
-        self.calls.extend(rows)
-        for row in rows:
-            if row["call_id"] is not None:
-                self.open_calls.setdefault(row["session_id"], {}).setdefault(row["call_id"], row)
-
-    def flush(self, conn: Connection) -> None:
-        insert_ignore(conn, blobs, list(self.blobs.values()))
-        insert_ignore(conn, sessions, list(self.sessions.values()))
-        for table, rows in (
-            (steps, self.steps),
-            (tool_calls, self.calls),
-            (rewards_t, self.rewards),
-        ):
-            if rows:
-                conn.execute(insert(table), rows)
-        if self.answers:
-            conn.execute(_ANSWER_CALL, self.answers)
-        if self.sandbox_results:
-            conn.execute(_SANDBOX_RESULT, self.sandbox_results)
 
 
 class StepWriter:
@@ -140,10 +54,10 @@ class StepWriter:
         self.hooks = hooks or []
         self._cache = cache
         self._tenants: set[str] = set()
-        self._chains = _LRU(cache)  # (tenant, continuation hash) -> session id
-        self._seq = _LRU(cache)  # session id -> next seq
-        self._calls = _LRU(cache // 10)  # session id -> signatures of its tool calls
-        self._pending = _Pending()
+        self._chains = LRU(cache)  # (tenant, continuation hash) -> session id
+        self._seq = LRU(cache)  # session id -> next seq
+        self._calls = LRU(cache // 10)  # session id -> signatures of its tool calls
+        self._pending = Pending()
 
     def forget_caches(self) -> None:
         """After a rolled-back batch the caches may name rows that were never committed."""
@@ -151,7 +65,7 @@ class StepWriter:
         self._chains.clear()
         self._seq.clear()
         self._calls.clear()
-        self._pending = _Pending()
+        self._pending = Pending()
 
     def write(self, conn: Connection, records: Sequence[StepRecord | ToolResultRecord]) -> None:
         """Write ``records`` in ``conn``'s transaction. Reads never need what is pending:
@@ -163,7 +77,7 @@ class StepWriter:
             else:
                 self._write_one(conn, rec)
         self._pending.flush(conn)
-        self._pending = _Pending()
+        self._pending = Pending()
 
     def _write_one(self, conn: Connection, rec: StepRecord) -> None:
         self._ensure_tenant(conn, rec.tenant)
@@ -206,7 +120,9 @@ class StepWriter:
                 checks.append(row.pop("_problem"))
                 if row.pop("_repeated"):
                     reward_rows.append(
-                        _reward(rec, sid, step_id, row["id"], "repeated_tool_call", -1.0, created)
+                        reward_row(
+                            rec, sid, step_id, row["id"], "repeated_tool_call", -1.0, created
+                        )
                     )
                 call_rows.append(row)
             comps = rewards.step_components(
@@ -219,7 +135,7 @@ class StepWriter:
             )
             comps.update(self._hooks(rec, request, choice))
             reward_rows += [
-                _reward(rec, sid, step_id, None, n, v, created) for n, v in comps.items()
+                reward_row(rec, sid, step_id, None, n, v, created) for n, v in comps.items()
             ]
         # The results this request carries answer earlier calls, not this step's own.
         reward_rows += self._tool_results(conn, rec, sid, rec.step_ids[0], messages, created)
@@ -258,13 +174,13 @@ class StepWriter:
         hit = self._chains.get(f"{tenant}\x00{prefix}")
         if hit is not None:
             return str(hit)
-        row = conn.execute(_CONTINUED, {"tenant": tenant, "prefix": prefix}).first()
+        row = conn.execute(CONTINUED, {"tenant": tenant, "prefix": prefix}).first()
         return None if row is None else str(row[0])
 
     def _next_seq(self, conn: Connection, sid: str, peek: bool = False) -> int:
         seq = self._seq.get(sid)
         if seq is None:
-            top = conn.execute(_TOP_SEQ, {"sid": sid}).scalar()
+            top = conn.execute(TOP_SEQ, {"sid": sid}).scalar()
             seq = 0 if top is None else int(top) + 1
         if not peek:
             self._seq.put(sid, seq + 1)
@@ -347,7 +263,7 @@ class StepWriter:
             # set in place when a sandbox run or a later step of this batch answers it
             "result": None,
             "result_step_id": None,
-            **_NO_SANDBOX_RESULT,
+            **NO_SANDBOX_RESULT,
             "created_at": created,
             "_problem": problem,
             "_repeated": repeated,
@@ -378,13 +294,13 @@ class StepWriter:
         for call_id in list(results):
             row = mine.pop(call_id, None)
             if row is not None:
-                found.append((row, None, _text(results.pop(call_id))))
+                found.append((row, None, text_of(results.pop(call_id))))
         if results and sid not in p.fresh:
             params = {"sid": sid, "call_ids": list(results)}
-            for call_pk, call_id, exit_status in conn.execute(_OPEN_CALLS, params):
+            for call_pk, call_id, exit_status in conn.execute(OPEN_CALLS, params):
                 if call_pk not in p.answered:
                     p.answered.add(call_pk)
-                    found.append((call_pk, exit_status, _text(results[call_id])))
+                    found.append((call_pk, exit_status, text_of(results[call_id])))
         out = []
         for call, exit_status, text in found:
             ok = (
@@ -407,7 +323,7 @@ class StepWriter:
                     }
                 )
             out.append(
-                _reward(rec, sid, None, call_pk, "tool_success", 1.0 if ok else -1.0, created)
+                reward_row(rec, sid, None, call_pk, "tool_success", 1.0 if ok else -1.0, created)
             )
         return out
 
@@ -431,7 +347,7 @@ class StepWriter:
             p.open_calls.get(sid, {}).pop(rec.call_id, None)  # answered: no step pairs it again
             call_pk = row["id"]
         else:
-            found = conn.execute(_CALL_BY_ID, {"sid": sid, "call": rec.call_id}).first()
+            found = conn.execute(CALL_BY_ID, {"sid": sid, "call": rec.call_id}).first()
             if found is None:
                 log.warning("tool result for unknown call %r of session %r", rec.call_id, sid)
                 return
@@ -442,14 +358,14 @@ class StepWriter:
             p.sandbox_results.append({"pk": call_pk} | {"set_" + k: v for k, v in values.items()})
         created = now_utc(rec.created_at)
         p.rewards += [
-            _reward(rec, sid, None, call_pk, name, value, created, source="sandbox")
+            reward_row(rec, sid, None, call_pk, name, value, created, source="sandbox")
             for name, value in earned.items()
         ]
 
     def _session_calls(self, conn: Connection, sid: str) -> set[str]:
         made = self._calls.get(sid)
         if made is None:
-            rows = [*conn.execute(_CALL_SIGS, {"sid": sid})]
+            rows = [*conn.execute(CALL_SIGS, {"sid": sid})]
             rows += [
                 (c["tool"], c["arguments"]) for c in self._pending.calls if c["session_id"] == sid
             ]
@@ -477,50 +393,6 @@ class StepWriter:
         return out
 
 
-def _text(content: Any) -> str:
-    return content if isinstance(content, str) else orjson.dumps(content).decode()
-
-
 def _parsed(value: Any) -> Any:
     """A record's value; one kept as raw JSON (records built in this process) parsed."""
     return value.parsed() if isinstance(value, RawJson) else value
-
-
-def session_row(rec: StepRecord, sid: str) -> dict[str, Any]:
-    return {
-        "id": sid,
-        "tenant_id": rec.tenant,
-        "api_key": rec.api_key,
-        "external_id": rec.external_session,
-        "task_id": rec.task_id,
-        "group_id": rec.group_id,
-        "task_spec": None,
-        "status": "open",
-        "outcome": None,
-        "created_at": now_utc(rec.created_at),
-        "ended_at": None,
-    }
-
-
-def _reward(
-    rec: StepRecord | ToolResultRecord,
-    sid: str,
-    step_id: str | None,
-    call_id: str | None,
-    name: str,
-    value: float,
-    created: datetime,
-    source: str = "gateway",
-) -> dict[str, Any]:
-    scope = "tool_call" if call_id else "step" if step_id else "session"
-    return {
-        "tenant_id": rec.tenant,
-        "session_id": sid,
-        "step_id": step_id,
-        "tool_call_id": call_id,
-        "scope": scope,
-        "name": name,
-        "value": value,
-        "source": source,
-        "created_at": created,
-    }

@@ -1,0 +1,158 @@
+"""What a batch of the writer's is made of: the prepared statements of its lookups, the rows
+waiting for their multi-row INSERTs (``Pending``), and the row builders. The logic that
+decides what goes in them is ``gateway.recording.writer``."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from datetime import datetime
+from typing import Any
+
+import orjson
+from sqlalchemy import Connection, bindparam, func, insert, select, update
+
+from gateway.recording.records import StepRecord, ToolResultRecord
+from gateway.store.rows import insert_ignore, now_utc
+from gateway.store.schema import blobs, sessions, steps, tool_calls
+from gateway.store.schema import rewards as rewards_t
+
+# The writer's lookups, built once: SQLAlchemy keeps their compiled form, so a lookup
+# costs an execution, not a statement's construction and cache-key computation.
+CONTINUED = (
+    select(steps.c.session_id)
+    .where(
+        steps.c.tenant_id == bindparam("tenant"),
+        steps.c.continuation_sha256 == bindparam("prefix"),
+    )
+    .limit(1)
+)
+TOP_SEQ = select(func.max(steps.c.seq)).where(steps.c.session_id == bindparam("sid"))
+CALL_SIGS = select(tool_calls.c.tool, tool_calls.c.arguments).where(
+    tool_calls.c.session_id == bindparam("sid")
+)
+OPEN_CALLS = select(tool_calls.c.id, tool_calls.c.call_id, tool_calls.c.exit_status).where(
+    tool_calls.c.session_id == bindparam("sid"),
+    tool_calls.c.call_id.in_(bindparam("call_ids", expanding=True)),
+    tool_calls.c.result.is_(None),
+)
+ANSWER_CALL = (
+    update(tool_calls)
+    .where(tool_calls.c.id == bindparam("pk"))
+    .values(
+        result=bindparam("answer"),
+        result_step_id=bindparam("answer_step"),
+        status=bindparam("answer_status"),
+    )
+)
+
+
+_SANDBOX_COLUMNS = ("result", "status", "exit_status", "duration_ms", "denial",
+                   "injected_fault", "attestation")  # fmt: skip
+NO_SANDBOX_RESULT = dict.fromkeys(_SANDBOX_COLUMNS[2:])
+SANDBOX_RESULT = (
+    update(tool_calls)
+    .where(tool_calls.c.id == bindparam("pk"))
+    .values({c: bindparam("set_" + c) for c in _SANDBOX_COLUMNS})
+)
+CALL_BY_ID = (
+    select(tool_calls.c.id, tool_calls.c.attestation)
+    .where(tool_calls.c.session_id == bindparam("sid"), tool_calls.c.call_id == bindparam("call"))
+    .limit(1)
+)
+
+
+class LRU(OrderedDict[str, Any]):
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def put(self, key: str, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        if len(self) > self.capacity:
+            self.popitem(last=False)
+
+
+class Pending:
+    """Rows waiting for their multi-row INSERT, in foreign-key order, and this batch's
+    answers to tool calls committed earlier (one UPDATE statement for all of them)."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[str, dict[str, Any]] = {}
+        self.sessions: dict[str, dict[str, Any]] = {}
+        self.steps: list[dict[str, Any]] = []
+        self.calls: list[dict[str, Any]] = []
+        self.rewards: list[dict[str, Any]] = []
+        self.answers: list[dict[str, Any]] = []
+        self.sandbox_results: list[dict[str, Any]] = []  # for committed calls
+        self.answered: set[str] = set()  # committed calls answered in this batch
+        # session -> its calls made in this batch and not answered yet, by call id
+        self.open_calls: dict[str, dict[str, dict[str, Any]]] = {}
+        # sessions with nothing committed when this batch first saw them: no call of theirs
+        # can be in the database, so answering their calls needs no query
+        self.fresh: set[str] = set()
+
+    def add_calls(self, rows: list[dict[str, Any]]) -> None:
+        self.calls.extend(rows)
+        for row in rows:
+            if row["call_id"] is not None:
+                self.open_calls.setdefault(row["session_id"], {}).setdefault(row["call_id"], row)
+
+    def flush(self, conn: Connection) -> None:
+        insert_ignore(conn, blobs, list(self.blobs.values()))
+        insert_ignore(conn, sessions, list(self.sessions.values()))
+        for table, rows in (
+            (steps, self.steps),
+            (tool_calls, self.calls),
+            (rewards_t, self.rewards),
+        ):
+            if rows:
+                conn.execute(insert(table), rows)
+        if self.answers:
+            conn.execute(ANSWER_CALL, self.answers)
+        if self.sandbox_results:
+            conn.execute(SANDBOX_RESULT, self.sandbox_results)
+
+
+def text_of(content: Any) -> str:
+    return content if isinstance(content, str) else orjson.dumps(content).decode()
+
+
+def session_row(rec: StepRecord, sid: str) -> dict[str, Any]:
+    return {
+        "id": sid,
+        "tenant_id": rec.tenant,
+        "api_key": rec.api_key,
+        "external_id": rec.external_session,
+        "task_id": rec.task_id,
+        "group_id": rec.group_id,
+        "task_spec": None,
+        "status": "open",
+        "outcome": None,
+        "created_at": now_utc(rec.created_at),
+        "ended_at": None,
+    }
+
+
+def reward_row(
+    rec: StepRecord | ToolResultRecord,
+    sid: str,
+    step_id: str | None,
+    call_id: str | None,
+    name: str,
+    value: float,
+    created: datetime,
+    source: str = "gateway",
+) -> dict[str, Any]:
+    scope = "tool_call" if call_id else "step" if step_id else "session"
+    return {
+        "tenant_id": rec.tenant,
+        "session_id": sid,
+        "step_id": step_id,
+        "tool_call_id": call_id,
+        "scope": scope,
+        "name": name,
+        "value": value,
+        "source": source,
+        "created_at": created,
+    }
