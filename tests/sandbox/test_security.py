@@ -245,11 +245,46 @@ async def test_concurrent_calls_are_isolated_and_their_cgroups_removed(sbx: Harn
     assert left == [], f"run cgroups left behind under cgroup {hierarchy}: {left}"
 
 
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time in clock ticks since boot) of a process, None once it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return int(fields[1]), int(fields[19])
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    for _ in range(64):
+        info = _stat(pid)
+        if info is None or info[0] <= 1:
+            return False
+        if info[0] == ancestor:
+            return True
+        pid = info[0]
+    return False
+
+
+_SESSION_START = _stat(os.getpid())
+
+
 def test_no_sandboxed_process_is_left_running():
-    """A guard for the tests above: no live process of the sandbox uid remains. (An exited
-    bwrap helper can sit as a zombie until the host's init reaps it; it runs nothing.)"""
+    """A guard for the tests above: no live process of the sandbox uid that this test run
+    started remains — neither under this process nor orphaned (reparented to init) since the
+    run began. Sandboxed processes of other runs on the same host are not this run's concern.
+    (An exited bwrap helper can sit as a zombie until the host's init reaps it; it runs nothing.)"""
+    assert _SESSION_START is not None
     ps = subprocess.run(
         ["ps", "-o", "pid=,stat=,cmd=", "-u", "65534"], capture_output=True, text=True
     )
-    live = [line for line in ps.stdout.splitlines() if line.split()[1][0] != "Z"]
-    assert live == []
+    mine = []
+    for line in ps.stdout.splitlines():
+        pid, stat = int(line.split()[0]), line.split()[1]
+        info = _stat(pid)
+        if stat[0] == "Z" or info is None:
+            continue
+        orphan_of_this_run = info[0] == 1 and info[1] >= _SESSION_START[1]
+        if orphan_of_this_run or _descends_from(pid, os.getpid()):
+            mine.append(line)
+    assert mine == []
