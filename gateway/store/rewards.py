@@ -77,7 +77,12 @@ def sandbox_outcome(outcome: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
     """What a sandbox run sets on the tool call it answers (``tool_calls`` columns), and the
     rewards it earns (``tool_success``, ``tool_seconds``)."""
     allowed = bool(outcome.get("allowed"))
-    status = "denied" if not allowed else "ok" if outcome.get("exit_status") == 0 else "error"
+    if not allowed:
+        status = "denied"
+    elif outcome.get("limit") == "wall_time" or outcome.get("fault") == "timeout":
+        status = "timeout"  # killed by its wall-time limit (or a fault that plays one)
+    else:
+        status = "ok" if outcome.get("exit_status") == 0 else "error"
     values = {
         "result": outcome.get("text"), "status": status, "exit_status": outcome.get("exit_status"),
         "duration_ms": outcome.get("duration_ms"), "denial": None if allowed else outcome.get("reason"),
