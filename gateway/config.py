@@ -100,14 +100,26 @@ class ApiKey(Section):
     sha256: str = Field(
         pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the key; see `gearshift keys new`"
     )
+    admin: bool = Field(default=False, description="may use the admin API (/admin/v1)")
+    models: list[str] | None = Field(
+        default=None, description="model names it may request (auto, full, fast, a tier's model)"
+    )
+    tools: list[str] | None = Field(default=None, description="hosted tools it may run")
 
 
 class AuthSettings(Section):
     mode: Literal["keys", "none"] = "none"  # refused on non-loopback hosts; see Settings
     keys: list[ApiKey] = Field(default_factory=list)
+    refresh_s: float = Field(
+        default=0.5,
+        gt=0,
+        le=60,
+        description="how often each replica checks the store for changed keys and limits "
+        "(a revoked key is refused within about this long)",
+    )
 
 
-# session -> rules (risky tool calls, high effort, failed tool call) -> the trained classifier;
+# session -> rules (forced risky tool calls, high effort, failed tool call) -> the trained classifier;
 # code and math rules off: on this model family they cost 0.14 APGR (docs/decisions/)
 DEFAULT_ROUTER_PARAMS: dict[str, Any] = {
     "base": "rules",
@@ -153,6 +165,11 @@ class RouterSettings(Section):
 
 class LimitsSettings(Section):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    reserve_max_tokens: int = Field(
+        default=4096,
+        ge=1,
+        description="completion tokens a budget reserves for a request that sets no max_tokens",
+    )
 
 
 class TelemetrySettings(Section):
@@ -236,6 +253,111 @@ class RewardSettings(Section):
     )
 
 
+class ContextOverride(Section):
+    """What one tenant or API key changes of the context policy (docs/context.md)."""
+
+    mode: Literal["off", "auto"] | None = None
+    budget_fraction: float | None = Field(default=None, gt=0, le=1)
+    budget_tokens: int | None = Field(default=None, gt=0)
+
+
+class ContextSettings(Section):
+    """Context management of chat completions: mask, summarize, drop (docs/context.md)."""
+
+    mode: Literal["off", "auto"] = Field(
+        default="off",
+        description="auto: condense chat requests over their budget; a request turns it on or "
+        "off with the x-gearshift-context header",
+    )
+    budget_fraction: float = Field(
+        default=0.75, gt=0, le=1, description="budget as a fraction of the tier's context window"
+    )
+    budget_tokens: int | None = Field(
+        default=None, gt=0, description="a fixed budget in prompt tokens (overrides the fraction)"
+    )
+    window_tokens: dict[Tier, int] = Field(
+        default_factory=dict,
+        description="context window per tier; default: the replica's max_model_len "
+        "(/v1/models), else embedded.max_model_len",
+    )
+    keep_tool_results: int = Field(
+        default=3, ge=0, description="the latest tool results are never masked"
+    )
+    keep_recent_messages: int = Field(
+        default=4, ge=1, description="the latest messages are never summarized"
+    )
+    clear_at_least_tokens: int = Field(
+        default=512,
+        ge=0,
+        description="each clearing removes at least this many tokens, so the next steps share "
+        "the condensed prefix (the engine's prefix cache) instead of condensing again",
+    )
+    summarizer: Literal["fast", "extractive"] = Field(
+        default="fast",
+        description="fast: the fast tier writes the summary (extractive when it fails); "
+        "extractive: no model call",
+    )
+    summary_max_tokens: int = Field(default=400, ge=32, le=8192)
+    summary_timeout_s: float = Field(default=30.0, gt=0)
+    exact_margin: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="an estimate this close to the budget (a fraction of it), and the first "
+        "over it, is checked with the tier's exact /tokenize; 0: never",
+    )
+    sessions: int = Field(
+        default=10_000, ge=1, description="sessions whose last condensation is remembered (LRU)"
+    )
+    tenants: dict[str, ContextOverride] = Field(default_factory=dict)
+    keys: dict[str, ContextOverride] = Field(
+        default_factory=dict, description="by API key name (auth.keys), over the tenant's"
+    )
+
+
+class McpServerSettings(Section):
+    """One MCP server the operator allows (docs/responses.md, "MCP tools")."""
+
+    label: str = Field(
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="its server_label; a request may name a stdio server by label alone",
+    )
+    url: str | None = Field(
+        default=None, description="streamable HTTP endpoint, e.g. https://mcp.example.com/mcp"
+    )
+    command: list[str] | None = Field(
+        default=None, min_length=1, description="a stdio server: the command the gateway starts"
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="a stdio server's environment")
+    tenants: list[str] = Field(
+        min_length=1, description="tenants that may use it; '*' for every tenant"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"MCP server url {value!r} must start with http:// or https://")
+        return None if value is None else value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerSettings:
+        if (self.url is None) == (self.command is None):
+            raise ValueError(f"MCP server {self.label!r}: give exactly one of url and command")
+        return self
+
+
+class McpSettings(Section):
+    """MCP tools of ``/v1/responses``: deny by default, like the sandbox's egress."""
+
+    servers: list[McpServerSettings] = Field(
+        default_factory=list, description="the allowlist: servers tenants' requests may use"
+    )
+    timeout_s: float = Field(
+        default=30.0, gt=0, description="one MCP operation (connect and list, or one call)"
+    )
+
+
 class ResponsesSettings(Section):
     """``/v1/responses`` (docs/responses.md)."""
 
@@ -246,6 +368,44 @@ class ResponsesSettings(Section):
         description="model steps one response may run (the hosted tool loop); reaching it ends "
         "the response incomplete with reason 'max_turns'",
     )
+    mcp: McpSettings = McpSettings()
+
+
+class KVCompactionTier(Section):
+    """KV-cache compaction on one embedded vLLM server (docs/kv-compaction.md)."""
+
+    enabled: bool = False
+    trigger_tokens: int = Field(
+        default=2048, ge=1, description="compact a request whose prompt is longer than this"
+    )
+    budget: float = Field(
+        default=0.5,
+        gt=0,
+        description="tokens kept: a fraction of the prompt (<= 1) or a whole number of tokens",
+    )
+    window: int = Field(
+        default=32, ge=1, description="the last prompt tokens whose queries score the rest"
+    )
+    sinks: int = Field(default=4, ge=0, description="first tokens always kept")
+    per_head: bool = Field(default=False, description="one selection per KV head")
+
+    @model_validator(mode="after")
+    def _check_budget(self) -> KVCompactionTier:
+        if self.budget > 1 and (
+            self.budget != int(self.budget) or self.budget < self.sinks + self.window
+        ):
+            raise ValueError(
+                f"kv_compaction.budget ({self.budget}) must be a fraction <= 1 or a whole "
+                f"number of tokens >= sinks + window ({self.sinks + self.window})"
+            )
+        return self
+
+
+class KVCompactionSettings(Section):
+    """Per tier: the full and the fast server (off by default)."""
+
+    full: KVCompactionTier = KVCompactionTier()
+    fast: KVCompactionTier = KVCompactionTier()
 
 
 class EmbeddedSettings(Section):
@@ -300,6 +460,7 @@ class EmbeddedSettings(Section):
     )
     ngram_min: int = Field(default=2, ge=1, description="shortest prompt n-gram matched to draft")
     ngram_max: int = Field(default=4, ge=1, description="longest prompt n-gram matched to draft")
+    kv_compaction: KVCompactionSettings = KVCompactionSettings()
 
     @model_validator(mode="after")
     def _check_ngram(self) -> EmbeddedSettings:
@@ -345,6 +506,7 @@ class Settings(BaseSettings):
     sandbox: SandboxConfig = SandboxConfig()
     rewards: RewardSettings = RewardSettings()
     responses: ResponsesSettings = ResponsesSettings()
+    context: ContextSettings = ContextSettings()
     admin_token: SecretStr | None = None
 
     @model_validator(mode="after")
@@ -354,9 +516,10 @@ class Settings(BaseSettings):
                 f"auth.mode 'none' is only allowed on a loopback host, not {self.host!r}; "
                 "configure auth.keys or bind to 127.0.0.1"
             )
-        if self.auth.mode == "keys" and not self.auth.keys:
+        if self.auth.mode == "keys" and not self.auth.keys and not self.store.enabled:
             raise ValueError(
-                "auth.mode is 'keys' but auth.keys is empty; add keys or set auth.mode: none"
+                "auth.mode is 'keys' but auth.keys is empty and the store (where "
+                "`gearshift keys create` puts keys) is off; add keys or set auth.mode: none"
             )
         models = [t.model for t in self.tiers.values()]
         if len(set(models)) != len(models):

@@ -4,6 +4,9 @@
     ├── InvalidRequest              400 invalid_request_error
     │   └── PayloadTooLarge         413 invalid_request_error
     ├── AuthenticationFailed        401 authentication_error
+    ├── PermissionDenied            403 permission_error      (key scope, admin only)
+    ├── BudgetExceeded              403 insufficient_quota / budget_exceeded
+    ├── RateLimited                 429 rate_limit_error      (a key's or tenant's limit)
     ├── ModelNotFound               404 invalid_request_error / model_not_found
     ├── RouteNotFound               404 invalid_request_error / not_found
     ├── MethodNotAllowed            405 invalid_request_error
@@ -12,6 +15,9 @@
     ├── StoreUnavailable            503 service_unavailable   (trajectory store off or down)
     ├── SandboxUnavailable          503 service_unavailable   (tool sandbox off or down)
     ├── ShuttingDown                503 service_unavailable   (the gateway is stopping)
+    ├── TierSwitchedOff             503 service_unavailable   (a kill switch: tier off)
+    ├── McpListFailed               424 external_connector_error (an MCP server's tools; in
+    │                                  gateway.pipeline.responses.mcp_tools)
     ├── UpstreamError               502 upstream_error        (a replica answered badly)
     │   ├── UpstreamUnreachable     502 upstream_error        (connect failed or dropped)
     │   ├── UpstreamRateLimited     429 rate_limit_error      (Retry-After passed on)
@@ -70,6 +76,26 @@ class AuthenticationFailed(GatewayError):
     code = "invalid_api_key"
 
 
+class PermissionDenied(GatewayError):
+    status = 403
+    type = "permission_error"
+    code = "permission_denied"
+
+
+class BudgetExceeded(GatewayError):
+    """A token budget (per day or month) is spent: retrying before ``Retry-After`` is futile."""
+
+    status = 403
+    type = "insufficient_quota"
+    code = "budget_exceeded"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
 class ModelNotFound(GatewayError):
     status = 404
     type = "invalid_request_error"
@@ -116,6 +142,12 @@ class ShuttingDown(GatewayError):
     status = 503
     type = "service_unavailable"
     code = "shutting_down"
+
+
+class TierSwitchedOff(GatewayError):
+    status = 503
+    type = "service_unavailable"
+    code = "tier_switched_off"
 
 
 class UpstreamError(GatewayError):

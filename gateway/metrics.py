@@ -155,3 +155,16 @@ class Metrics:
         self.recorder_commit = Histogram(
             "gearshift_recorder_commit_seconds", "Time to write and commit one batch", registry=r
         )
+        self.admission_refused = Counter(
+            "gearshift_admission_refused",
+            "Requests refused by a rate limit or budget (scope: tenant|key; limit: "
+            "requests/minute, tokens/minute|day|month)",
+            ["tenant", "scope", "limit"],
+            registry=r,
+        )
+        self.budget_soft = Counter(
+            "gearshift_budget_soft_exceeded",
+            "Admitted requests that took a token budget past its soft threshold",
+            ["tenant", "scope", "period"],
+            registry=r,
+        )

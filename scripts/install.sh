@@ -8,6 +8,8 @@
 # vLLM lives in its own environment because its pins (fastapi, transformers, torch)
 # must not constrain the gateway's.
 set -euo pipefail
+# Offline: `install.sh --from BUNDLE.tar` installs what scripts/bundle.sh wrote, no index used.
+if [ "${1:-}" = --from ]; then exec "$(dirname "$0")/install-bundle.sh" "${2:?usage: $0 --from BUNDLE.tar}"; fi
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
@@ -43,6 +45,10 @@ if [ "$(cat "$VLLM_VENV/.gearshift-stamp" 2>/dev/null)" != "$stamp" ]; then
 else
   step "vLLM environment ($VLLM_VENV) is up to date"
 fi
+# Gearshift's vLLM plugin (kvplugin: KV-cache compaction, off unless configured) is loaded
+# from this checkout through its `vllm.general_plugins` entry point; no dependencies, so
+# the engine's pins stay as they are.
+"$VLLM_VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e .
 
 # The trajectory store runs on SQLite by default and on PostgreSQL in production; the tests
 # start a throwaway PostgreSQL server of their own, so its binaries must be here.
@@ -67,6 +73,32 @@ elif command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends bubblewrap runsc >/dev/null; }
 else
   step "bubblewrap/runsc not found: install Debian's 'bubblewrap' and 'runsc' to run the sandbox"
+fi
+
+# The dashboard's test drives a real browser: Debian's Chromium, headless (Playwright from
+# PyPI drives it; it never downloads a browser of its own).
+if command -v chromium >/dev/null; then
+  step "Chromium is installed"
+elif command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  step "Chromium (Debian package; the dashboard's browser test)"
+  apt-get install -y -q --no-install-recommends chromium >/dev/null \
+    || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends chromium >/dev/null; }
+else
+  step "chromium not found: install Debian's 'chromium' to run the dashboard's browser test"
+fi
+
+# The deployment tests (tests/deploy) render the Kubernetes manifests with kubectl and build
+# and run the gateway image with podman on a base made by mmdebstrap (runc: crun refuses
+# hybrid cgroups). Without them those tests are skipped, saying why.
+if command -v kubectl >/dev/null && command -v podman >/dev/null && command -v mmdebstrap >/dev/null \
+   && command -v runc >/dev/null; then
+  step "kubectl, podman, runc and mmdebstrap are installed"
+elif command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  step "kubectl, podman, runc, mmdebstrap (Debian packages; the deployment tests)"
+  apt-get install -y -q --no-install-recommends kubernetes-client podman runc mmdebstrap >/dev/null \
+    || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends kubernetes-client podman runc mmdebstrap >/dev/null; }
+else
+  step "kubectl/podman/mmdebstrap not found: Debian's 'kubernetes-client podman runc mmdebstrap' run the deployment tests"
 fi
 
 step "default model (converted once, cached under $GEARSHIFT_HOME/models)"

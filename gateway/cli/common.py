@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import ValidationError
+from sqlalchemy import Connection
 
 from gateway.config import ConfigError, Settings, load_settings
 
@@ -49,3 +53,32 @@ def parse_when(value: str | None, flag: str = "--since") -> datetime | None:
     except ValueError:
         raise SystemExit(f"gearshift: {flag} wants an ISO date, not {value!r}") from None
     return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+T = TypeVar("T")
+
+
+def in_store(
+    args: argparse.Namespace,
+    fn: Callable[[Connection], T],
+    refused: tuple[type[Exception], ...] = (),
+) -> T:
+    """Run ``fn`` in one transaction on the store (``--store``, else ``store.url`` of
+    ``--config``), migrating its schema first as ``serve`` does; an exception of ``refused``
+    (the operator's mistake, not a bug) exits with its message."""
+    from gateway.store.database import StoreError, make_engine, prepare_schema
+
+    settings = load_config(args.config)
+    url = args.store or settings.store.url
+    try:
+        prepare_schema(url, migrate=settings.store.migrate)
+    except StoreError as exc:
+        raise SystemExit(f"gearshift: {exc}") from None
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            return fn(conn)
+    except refused as exc:
+        raise SystemExit(f"gearshift: {exc}") from None
+    finally:
+        engine.dispose()

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 from gateway.cli.common import load_config, parse_when, reward_weights
+from gateway.cli.control import add_parser as add_control_parser
+from gateway.cli.keys import add_parser as add_keys_parser
 from gateway.cli.router import add_parser as add_router_parser
 from gateway.cli.serve import run
 
@@ -60,16 +62,6 @@ def cmd_prune(args: argparse.Namespace) -> int:
         return run_pruning(settings.embedded.python, args.prune_args)
     except ProvisionError as exc:
         raise SystemExit(f"gearshift: {exc}") from None
-
-
-def cmd_keys_new(args: argparse.Namespace) -> int:
-    from gateway.auth import new_key
-
-    key, digest = new_key()
-    print(f"key (give it to the client, it is not stored): {key}")
-    print("config entry:")
-    print(f"  - {{name: {args.name}, tenant: {args.tenant}, sha256: '{digest}'}}")
-    return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -194,12 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_router_parser(sub)
 
-    keys = sub.add_parser("keys", help="API key helpers")
-    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
-    new = keys_sub.add_parser("new", help="print a new key and its config entry")
-    new.add_argument("--tenant", default="default")
-    new.add_argument("--name", default="key-1")
-    new.set_defaults(func=cmd_keys_new)
+    add_keys_parser(sub)
+    add_control_parser(sub)
     return parser
 
 

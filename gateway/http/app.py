@@ -10,9 +10,10 @@ from opentelemetry import trace
 
 from gateway.config import Settings
 from gateway.http.completions import Completions
+from gateway.http.dashboard import pages as dashboard
 from gateway.http.entry import GatewayEntry
 from gateway.http.errors import register_exception_handlers
-from gateway.http.routes import models, ops, responses, tools, trajectories
+from gateway.http.routes import admin, agents, control, models, ops, responses, tools, trajectories
 from gateway.metrics import Metrics
 from gateway.pipeline.services import Services
 
@@ -24,13 +25,16 @@ def create_app(
     tracer_provider: trace.TracerProvider | None = None,
 ) -> FastAPI:
     services = Services(settings, metrics=metrics, tracer_provider=tracer_provider)
+    agent_metrics = agents.AgentMetricsExporter(services)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await services.start()
+        agent_metrics.start()
         try:
             yield
         finally:
+            await agent_metrics.close()
             await services.close()
 
     app = FastAPI(
@@ -43,7 +47,11 @@ def create_app(
     app.include_router(models.build_router(services))
     app.include_router(ops.build_router(services))
     app.include_router(trajectories.build_router(services))
+    app.include_router(admin.build_router(services))
     app.include_router(tools.build_router(services))
+    app.include_router(agents.build_router(services, agent_metrics))
+    app.include_router(control.build_router(services))
+    app.include_router(dashboard.build_router(services))
     completions = Completions(services)
     app.include_router(responses.build_router(services, completions.pipeline))
     register_exception_handlers(app)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from opentelemetry.trace import Span
 
+from gateway.access.admission import Ticket
 from gateway.metrics import Metrics
 from gateway.pipeline.outcome import CLIENT_CLOSED, Outcome
 from gateway.pipeline.record import step_record
@@ -34,7 +35,9 @@ class Finish:
         self.calibrator = calibrator
         self.recorder = recorder
 
-    async def __call__(self, outcome: Outcome, span: Span) -> None:
+    async def __call__(self, outcome: Outcome, span: Span, ticket: Ticket | None = None) -> None:
+        if ticket is not None:
+            ticket.settle(charged(outcome))
         hashes = chain_hashes(outcome)
         self._session(outcome, hashes)
         self._metrics(outcome)
@@ -84,6 +87,14 @@ class Finish:
             self.metrics.prompt_token_anchored_error.observe(
                 abs(sizing.estimate - counted) / counted
             )
+
+
+def charged(outcome: Outcome) -> int | None:
+    """Tokens to charge a budget: the usage the tier reported; None (the whole reservation)
+    when it reported none after tokens were produced (a cut stream); 0 when none were."""
+    if outcome.prompt_tokens is not None or outcome.completion_tokens is not None:
+        return (outcome.prompt_tokens or 0) + (outcome.completion_tokens or 0)
+    return None if outcome.first_byte_at is not None else 0
 
 
 def chain_hashes(outcome: Outcome) -> ChainHashes | None:

@@ -1,13 +1,15 @@
 """The completion pipeline, one way through:
 
-    route → upstream body → dispatch (retries, fallback) → escalate → answer | relay
+    route → context (opt-in) → upstream body → dispatch (retries, fallback) → escalate → answer | relay
           → outcome → finish (session state, metrics, calibration, span, recorder)
 
 Parsing and authentication happen before, in ``gateway.http.completions``, which hands a
-``ParsedRequest`` in. Each stage takes typed values and returns new ones; the only
-accumulator is dispatch's ``Attempts``, frozen into the outcome. However a request ends
-(answered, streamed, failed, abandoned by its client), one ``Outcome`` is built for it and
-finished once.
+``ParsedRequest`` in; admission (key scope, rate limits, budget reservation:
+``gateway.access.admission``) comes first here, so that every model step of a Responses
+loop passes it too; its ticket is settled by finish, or released on the way out. Each
+stage takes typed values and returns new ones; the only accumulator is dispatch's
+``Attempts``, frozen into the outcome. However a request ends (answered, streamed, failed,
+abandoned by its client), one ``Outcome`` is built for it and finished once.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.access.admission import Ticket
 from gateway.errors import GatewayError, ShuttingDown
 from gateway.pipeline import escalation
 from gateway.pipeline.answer import Answer, answer, parsed_body, stream_capture
@@ -48,9 +51,10 @@ class CompletionPipeline:
     def __init__(self, services: Services) -> None:
         self.services = services
         self.route = RouteStage(
-            services.policy, services.route_sessions, services.pools, services.scraper,
+            services.control, services.route_sessions, services.pools, services.scraper,
             services.token_calibrator, services.metrics,
         )  # fmt: skip
+        self.context = services.context
         self.finish = Finish(
             services.metrics, services.route_sessions, services.token_calibrator,
             services.recorder,
@@ -61,14 +65,38 @@ class CompletionPipeline:
     ) -> None:
         """Serve ``parsed``. A ``GatewayError`` raised out of here was raised before
         anything was sent: the caller answers it (``gateway.http.errors``)."""
+        who = parsed.identity
+        try:
+            ticket = await self.services.admission.admit(
+                who.tenant, who.api_key, parsed.body, parsed.raw
+            )
+        except GatewayError as exc:  # refused before any tier was chosen
+            self.services.metrics.requests.labels(who.endpoint, "none", str(exc.status)).inc()
+            raise
+        if ticket is None:
+            await self._serve(parsed, scope, receive, send, None)
+            return
+        try:
+            await self._serve(parsed, scope, receive, send, ticket)
+        finally:
+            ticket.release()  # a no-op once finish settled it
+
+    async def _serve(
+        self, parsed: ParsedRequest, scope: Scope, receive: Receive, send: Send,
+        ticket: Ticket | None,
+    ) -> None:  # fmt: skip
         try:
             routing = self.route(parsed)
+            context = self.context.wanted(parsed, scope)
         except GatewayError as exc:  # refused before any tier was chosen
             endpoint = parsed.identity.endpoint
             self.services.metrics.requests.labels(endpoint, "none", str(exc.status)).inc()
             raise
+        if context is not None:
+            routing = await self.context(parsed, routing, context)
         recording = self.services.recorder is not None
-        upstream = build_upstream_request(parsed, capture=recording)
+        condensed = routing.context.messages if routing.context is not None else None
+        upstream = build_upstream_request(parsed, capture=recording, messages=condensed)
         step = plan_step(parsed.body) if recording else None
         span = start_span(self.services.tracer, parsed.identity, parsed.body)
         attempts = Attempts(routing.tier)
@@ -83,7 +111,7 @@ class CompletionPipeline:
                 )
         except (ClientGone, GatewayError) as exc:
             failed = _failed(parsed, routing, attempts, exc, step)
-            await self.finish(failed, span)
+            await self.finish(failed, span, ticket)
             if isinstance(exc, GatewayError):
                 raise
             await Response(status_code=CLIENT_CLOSED)(scope, receive, send)
@@ -91,11 +119,11 @@ class CompletionPipeline:
         served = Served.of(attempts, escalated)
         if isinstance(result, OpenStream):
             end, captured, answers, stopped = await self._relay(
-                parsed, routing, upstream, result, attempts, served, step, receive, send
+                parsed, routing, upstream, result, attempts, served, step, receive, send, ticket
             )
             served = Served.of(attempts, escalated)  # the relay waited on the replica too
             await self.finish(
-                _streamed(parsed, routing, served, end, captured, answers, step), span
+                _streamed(parsed, routing, served, end, captured, answers, step), span, ticket
             )
             if stopped:
                 raise asyncio.CancelledError  # the server is stopping; the stream is recorded
@@ -105,8 +133,10 @@ class CompletionPipeline:
             result, parsed.identity.endpoint, upstream.wants, chain, parsed.identity.request_id
         )
         outcome = _answered(parsed, routing, served, reply, step)
-        await self.finish(outcome, span)  # before the answer: its step is queued when it arrives
+        await self.finish(outcome, span, ticket)  # before the answer: its step is queued then
         hdrs = headers(parsed.identity.request_id, routing, served, step, outcome.overhead_ms())
+        if ticket is not None:
+            hdrs.update(ticket.headers)  # a budget past its soft threshold
         response = Response(reply.body, reply.status, hdrs, media_type="application/json")
         await response(scope, receive, send)
 
@@ -183,6 +213,7 @@ class CompletionPipeline:
         step: StepPlan | None,
         receive: Receive,
         send: Send,
+        ticket: Ticket | None,
     ) -> tuple[StreamEnd, Captured | None, tuple[object, ...] | None, bool]:
         """Relay the stream; what the capture assembled (recorded requests), the messages
         for an unnamed session's chain (when the stream ended well), and whether the
@@ -193,6 +224,8 @@ class CompletionPipeline:
         hdrs = headers(
             who.request_id, routing, served, step, who.elapsed_ms() - served.upstream_s * 1000
         )
+        if ticket is not None:
+            hdrs.update(ticket.headers)
         relay = StreamRelay(
             result, [(k.encode(), v.encode()) for k, v in hdrs.items()] + STREAM_HEADERS,
             self.services.settings.timeouts, attempts, strip_usage=upstream.strip_usage,

@@ -8,18 +8,22 @@ import time
 import aiohttp
 from opentelemetry import trace
 
+from gateway.access.admission import Admission
+from gateway.access.sync import AccessSync
 from gateway.auth import Authenticator
 from gateway.config import Settings
 from gateway.metrics import Metrics
+from gateway.pipeline.context.stage import ContextStage
 from gateway.recording.recorder import Recorder
 from gateway.routing.calibration import TokenCalibrator
+from gateway.routing.control import ControlPlane, ControlSync
 from gateway.routing.sessions import RouteSessions
 from gateway.telemetry import build_tracer_provider
 from gateway.upstream.dispatch import Dispatcher
 from gateway.upstream.pool import TierPool
 from gateway.upstream.scrape import Scraper
 from gateway.upstream.transport import new_session
-from router import Policy, Tier, build_policy
+from router import Policy, Tier
 from sandbox.client import SandboxClient
 
 
@@ -34,7 +38,20 @@ class Services:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.auth = Authenticator(settings.auth)
-        self.policy: Policy = build_policy(settings.router.policy, settings.router.params)
+        self.admission = Admission(self.auth, self.metrics, settings.limits.reserve_max_tokens)
+        # keys, limits and budgets in the store (gateway.access); config-file keys without it
+        self.access = (
+            AccessSync(settings, self.auth, self.admission) if settings.store.enabled else None
+        )
+        # routing versions and kill switches: the config file's router until the store says
+        # otherwise (gateway.routing.control)
+        self.control = ControlPlane(settings.router)
+        self.auth.suspended = self.control.tenant_off
+        self.control_sync = (
+            ControlSync(settings.store.url, self.control, settings.auth.refresh_s)
+            if settings.store.enabled
+            else None
+        )
         self.route_sessions = RouteSessions(
             settings.router.max_sessions, settings.router.session_ttl_s
         )
@@ -60,6 +77,10 @@ class Services:
         self.sandbox: SandboxClient | None = None  # when `serve` runs the tool sandbox
         self._session: aiohttp.ClientSession | None = None
         self._dispatcher: Dispatcher | None = None
+        self.context = ContextStage(
+            settings, self.pools, self.token_calibrator, lambda: self._dispatcher,
+            lambda: self._session,
+        )  # fmt: skip
 
     @property
     def dispatcher(self) -> Dispatcher:
@@ -69,6 +90,10 @@ class Services:
     async def start(self) -> None:
         if self.recorder is not None:
             await self.recorder.start()
+        if self.access is not None:  # after the recorder, which migrates the store
+            await self.access.start()
+        if self.control_sync is not None:  # after the recorder, which migrates the store
+            await self.control_sync.start()
         sb = self.settings.sandbox
         if sb.enabled and sb.token is not None:  # run by `serve`, or a sandbox deployed apart
             socket = str(sb.socket) if sb.socket is not None else None
@@ -94,9 +119,18 @@ class Services:
             await self.sandbox.close()
         if self.recorder is not None:
             await self.recorder.close()  # after the pools: every finished step is queued
+        if self.access is not None:  # after the pools: every ticket is settled
+            await self.access.close()
+        if self.control_sync is not None:
+            await self.control_sync.close()
         shutdown = getattr(self.tracer_provider, "shutdown", None)
         if shutdown is not None:
             shutdown()
+
+    @property
+    def policy(self) -> Policy:
+        """The published routing version's policy (a canary's sessions may use another)."""
+        return self.control.published.policy
 
     def ready(self) -> bool:
         return bool(self.pools) and all(p.ready() for p in self.pools.values())

@@ -12,6 +12,7 @@ The schema is only ever created by Alembic (``upgrade``), never by
 from __future__ import annotations
 
 import logging
+import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,8 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 def alembic_config(url: str) -> Any:
     from alembic.config import Config
 
-    cfg = Config()
+    # today's stdout: Config's default is the one at alembic's import (a test's capture)
+    cfg = Config(stdout=sys.stdout)
     cfg.set_main_option("script_location", str(resources.files("migrations")))
     cfg.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
     return cfg

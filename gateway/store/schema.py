@@ -8,6 +8,8 @@ Entities, from the outside in::
                   └─< feedback
     blobs: content-addressed request payloads (messages, prompt, tools), shared by steps
     responses ─< response_items: the Responses API's stored state (``gateway.store.responses``)
+    tenants ─< api_keys, limits, usage_windows; access_changes: keys and budgets
+    (``gateway.store.keys``, ``gateway.store.ledger``)
 
 A session is an episode (one agent trajectory). A step is one model call and one
 choice of it: its exact prompt and completion token ids and per-token behaviour
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Column,
     DateTime,
@@ -115,6 +118,7 @@ steps = Table(
     Column("rewritten", Boolean, nullable=False, comment="history does not extend the last step"),
     Column("prefix_sha256", String(64), comment="hash of the history this step continued"),
     Column("continuation_sha256", String(64), comment="hash of history + this answer"),
+    Column("routing_version", String(ID), comment="the routing version that decided the tier"),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Index("ix_steps_session_seq", "session_id", "seq", "choice_index"),
     Index("ix_steps_tenant_created", "tenant_id", "created_at"),
@@ -202,4 +206,118 @@ response_items = Table(
     Column("role", String(8), nullable=False, comment="input | output"),
     Column("item_id", String(64), nullable=False),
     Column("item", JSON, nullable=False, comment="the item as the API lists it"),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", String(ID), primary_key=True, comment="key_...: how admins name a key"),
+    Column("tenant_id", String(128), ForeignKey("tenants.id"), nullable=False),
+    Column("name", String(128), nullable=False, comment="recorded as the steps' api_key"),
+    Column("sha256", String(64), nullable=False, unique=True, comment="hex SHA-256 of the key"),
+    Column("prefix", String(16), nullable=False, comment="the key's first characters, to tell"),
+    Column("admin", Boolean, nullable=False),
+    Column("models", JSON, comment="model names it may request; null: all"),
+    Column("tools", JSON, comment="hosted tools it may run; null: all"),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True)),
+    Column("revoked_at", DateTime(timezone=True)),
+    Column("rotated_to", String(ID), comment="the key that replaced this one"),
+    Index("ix_api_keys_tenant_name", "tenant_id", "name"),
+)
+
+limits = Table(
+    "limits",
+    metadata,
+    Column("tenant_id", String(128), ForeignKey("tenants.id"), primary_key=True),
+    Column("key_name", String(128), primary_key=True, comment="'': the whole tenant"),
+    Column("requests_per_minute", Integer),
+    Column("tokens_per_minute", Integer),
+    Column("tokens_per_day", BigInteger),
+    Column("tokens_per_month", BigInteger),
+    Column("soft_percent", Integer, nullable=False, comment="warn from this share of a budget"),
+)
+
+usage_windows = Table(
+    "usage_windows",
+    metadata,
+    Column("tenant_id", String(128), primary_key=True),
+    Column("key_name", String(128), primary_key=True, comment="'': the whole tenant"),
+    Column("window", String(16), primary_key=True, comment="UTC minute, day or month"),
+    Column("unit", String(8), primary_key=True, comment="requests | tokens"),
+    Column("used", BigInteger, nullable=False, comment="settled"),
+    Column("reserved", BigInteger, nullable=False, comment="admitted, not yet settled"),
+)
+
+access_changes = Table(
+    "access_changes",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("version", BigInteger, nullable=False, comment="bumped by every key or limit change"),
+)
+
+# -- the control plane: routing versions and kill switches (gateway.store.control) ----------
+
+routing_versions = Table(
+    "routing_versions",
+    metadata,
+    Column("id", String(ID), primary_key=True, comment="sha256 of the canonical config, 16 hex"),
+    Column("config", JSON, nullable=False, comment="{policy, params}"),
+    Column("note", Text),
+    Column("created_by", String(128), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+routing_events = Table(
+    "routing_events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column(
+        "action", String(16), nullable=False, comment="publish | rollback | canary | canary_off"
+    ),
+    Column(
+        "published",
+        String(ID),
+        ForeignKey("routing_versions.id"),
+        nullable=False,
+        comment="the published version after this event",
+    ),
+    Column(
+        "canary",
+        String(ID),
+        ForeignKey("routing_versions.id"),
+        comment="the canary version after this event",
+    ),
+    Column("canary_weight", Float, nullable=False, comment="share of sessions on the canary"),
+    Column("actor", String(128), nullable=False),
+    Column("note", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+kill_switches = Table(
+    "kill_switches",
+    metadata,
+    Column(
+        "kind",
+        String(16),
+        primary_key=True,
+        comment="all_to_full | tier_off | tool_off | sandbox_off | tenant_off",
+    ),
+    Column("target", String(256), primary_key=True, comment="tier, tool or tenant; '' for none"),
+    Column("active", Boolean, nullable=False),
+    Column("reason", Text),
+    Column("changed_by", String(128), nullable=False),
+    Column("changed_at", DateTime(timezone=True), nullable=False),
+)
+
+kill_switch_events = Table(
+    "kill_switch_events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("kind", String(16), nullable=False),
+    Column("target", String(256), nullable=False),
+    Column("active", Boolean, nullable=False),
+    Column("reason", Text),
+    Column("actor", String(128), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
 )

@@ -48,15 +48,24 @@ def run_quick(name: str, *extra: str, timeout_s: float) -> dict[str, object]:
         ("http_clients", (), 120),
         ("router_latency", (), 120),
         ("router_offpolicy", (), 300),
-        ("router_eval", (), 300),
         # a minute or two each on a quiet machine; several times that on a busy one
         ("recorder", (), 900),
         # LiteLLM would be installed from PyPI: the comparison is the full run's
         ("gateway_overhead", ("--no-litellm",), 900),
+        # two gateway processes per store, SQLite and a throwaway PostgreSQL
+        ("admission", (), 900),
     ],
 )
 def test_quick_run(name: str, extra: tuple[str, ...], timeout_s: float) -> None:
     run_quick(name, *extra, timeout_s=timeout_s)
+
+
+def test_router_eval_quick_run() -> None:
+    last = run_quick("router_eval", timeout_s=300)
+    keys = {"auc_heldout_family", "apgr_heldout_family", "apgr_best_baseline_heldout_family",
+            "auc_test_split", "apgr_test_split", "rules_heldout_family", "split_sha256"}  # fmt: skip
+    assert keys <= set(last) and keys - {"split_sha256"} <= set(last["sampled"])  # type: ignore[arg-type]
+    assert last["best_baseline_heldout_family"] in {"always_full", "always_fast", "length_threshold", "rules", "group_lookup"}  # fmt: skip
 
 
 def test_kv_compaction_quick_run() -> None:

@@ -40,9 +40,10 @@ def test_keyless_only_on_loopback():
     assert load_settings(host="::1").auth.mode == "none"
 
 
-def test_keys_mode_needs_keys():
+def test_keys_mode_needs_keys_in_the_config_or_the_store():
     with pytest.raises(ValidationError, match=r"auth.keys is empty"):
-        load_settings(auth={"mode": "keys"})
+        load_settings(auth={"mode": "keys"}, store={"enabled": False})
+    assert load_settings(auth={"mode": "keys"}).auth.keys == []  # `gearshift keys create`
 
 
 def test_key_digest_must_be_sha256():

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from gateway.errors import InvalidRequest
+from gateway.errors import InvalidRequest, PermissionDenied
 from gateway.http.body import read_model
 from gateway.pipeline.services import Services
 from gateway.pipeline.tools import list_tools, run_tool
@@ -52,6 +52,11 @@ def build_router(services: Services) -> APIRouter:
     @router.post("/tools/{name}")
     async def run(request: Request, name: str) -> Response:
         who = services.auth.authenticate(request.headers.get("authorization"))
+        if not who.may_run_tool(name):
+            raise PermissionDenied(f"this API key may not run the tool {name!r}", param="name")
+        switched_off = services.control.tool_off(name)
+        if switched_off is not None:
+            raise PermissionDenied(switched_off, param="name")
         body = await read_model(request, ToolRun, MAX_BODY)
         session = body.session_id or request.headers.get("x-session-id")
         if not session:

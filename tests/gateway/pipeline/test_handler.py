@@ -166,9 +166,9 @@ async def gateway() -> AsyncIterator[Callable[..., Any]]:
         gw = Gateway(services, pipeline, spans)
         finish = pipeline.finish
 
-        async def spy(outcome: Outcome, span: Any) -> None:
+        async def spy(outcome: Outcome, span: Any, ticket: Any = None) -> None:
             gw.outcomes.append(outcome)
-            await finish(outcome, span)
+            await finish(outcome, span, ticket)
 
         pipeline.finish = spy  # type: ignore[assignment]
         return gw

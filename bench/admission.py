@@ -1,0 +1,221 @@
+"""Admission's cost: auth from the store's keys + rate limits + budget reservation, per
+request, against the same gateway with them off, in one run; then a burst against a
+budget shared by two gateway processes.
+
+One ``gearshift serve`` (pinned to core 0, recording to the store, sandbox off) in front of
+bench.mock_upstream serves two tenants at once: ``plain``, whose key is in the config file
+and which has no limits (admission is one dict lookup), and ``limited``, whose key is in
+the store (``gearshift keys create``) and whose key and tenant each have requests and
+tokens per minute and token budgets per day and month (eight counters reserved in the
+ledger and settled per request; none ever refused). Rounds alternate the two, so drift in
+the machine's load hits both alike. For each store (SQLite, then PostgreSQL) it reports,
+at concurrency 1 and 16: CPU-ms per request of the gateway's process tree (its recorder
+included), and p50 latency; added = limited minus plain.
+
+Then the budget burst: a second gateway on the same store, a tenant whose daily budget
+admits ten requests' reservations, 50 concurrent requests split across the two processes.
+``budget_overshoot`` is the tokens charged past the budget (must be 0).
+
+    python -m bench.admission [--quick] [--postgres URL]
+
+Without ``--postgres`` a throwaway PostgreSQL server is started from the repository's test
+support (Debian's postgresql package); without one the PostgreSQL figures are skipped. The
+last line printed is one JSON object: ``added_cpu_ms_per_req`` and ``added_p50_ms`` are the
+worst over the stores at concurrency 1 (no batching to share a transaction).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.loadgen import body as request_body
+from bench.loadgen import run as loadgen
+from bench.procs import pinned, start, stop, tree_cpu_seconds, wait_http
+from bench.proxies import CLIENT_CORE, GEARSHIFT_CORE, free_port
+from gateway.access import windows
+from gateway.auth import new_key
+from gateway.store import keys as store_keys
+from gateway.store.database import make_engine, prepare_schema
+
+ROOT = Path(__file__).resolve().parents[1]
+CONCURRENCY = (1, 16)
+BIG = 10**12  # limits that admit everything: the cost of checking them, not of refusing
+LIMITS = {"requests_per_minute": 10**9, "tokens_per_minute": 10**9,
+          "tokens_per_day": BIG, "tokens_per_month": BIG}  # fmt: skip
+MAX_TOKENS = 32  # bench.loadgen's request
+
+
+def setup_store(url: str) -> tuple[str, str]:
+    """The ``limited`` tenant's key and limits; the ``burst`` tenant's key and budget."""
+    prepare_schema(url, migrate=True)
+    engine = make_engine(url)
+    burst_reserves = math.ceil(len(request_body("auto", False)) / 4) + MAX_TOKENS
+    with engine.begin() as conn:
+        _, limited = store_keys.create(conn, "limited", "bench")
+        store_keys.set_limits(conn, "limited", "", LIMITS, 80)
+        store_keys.set_limits(conn, "limited", "bench", LIMITS, 80)
+        _, burst = store_keys.create(conn, "burst", "bench")
+        budget = {"tokens_per_day": 10 * burst_reserves + burst_reserves // 2}
+        store_keys.set_limits(conn, "burst", "", budget, 80)
+    engine.dispose()
+    return limited, burst
+
+
+def burst_usage(url: str) -> tuple[int, int, int]:
+    """The burst tenant's day counter: used, reserved, cap."""
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        cap = store_keys.list_limits(conn, "burst")[0].tokens_per_day
+        rows = store_keys.usage(conn, "burst", windows.current(time.time()))
+    engine.dispose()
+    day = [r for r in rows if len(r["window"]) == 10]
+    return (day[0]["used"], day[0]["reserved"], cap) if day else (0, 0, cap)
+
+
+@contextlib.contextmanager
+def gateway(tmp: Path, name: str, store: str, mock: str, digest: str) -> Iterator[Any]:
+    port = free_port()
+    config = tmp / f"{name}.yaml"
+    config.write_text(
+        f"port: {port}\n"
+        f"auth: {{mode: keys, keys: [{{name: bench, tenant: plain, sha256: '{digest}'}}]}}\n"
+        f"tiers:\n  full: {{model: mock-full, replicas: ['{mock}']}}\n"
+        f"  fast: {{model: mock-fast, replicas: ['{mock}']}}\n"
+        f"store: {{url: '{store}', dead_letter_path: '{tmp}/{name}-dead.jsonl'}}\n"
+        "sandbox: {enabled: false}\n"
+    )
+    log = tmp / f"{name}.log"
+    # `gearshift serve`, run from this checkout (whatever the installed entry point knows)
+    argv = [sys.executable, "-m", "gateway.cli.main", "--log-level", "warning", "serve",
+            "--config", str(config)]  # fmt: skip
+    proc = start(pinned(argv, GEARSHIFT_CORE), log, cwd=ROOT)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/ready", proc, log, timeout_s=600)
+        yield proc, f"http://127.0.0.1:{port}/v1/chat/completions"
+    finally:
+        stop(proc)
+
+
+def cell(proc: Any, url: str, key: str, concurrency: int, requests: int) -> dict[str, float]:
+    before = tree_cpu_seconds(proc.pid)
+    result = asyncio.run(loadgen(url, "auto", False, concurrency, requests, 600, key))
+    cpu = tree_cpu_seconds(proc.pid) - before
+    if result["errors"]:
+        raise RuntimeError(f"{result['errors']} failed requests at {url}")
+    return {"cpu_s": cpu, "n": result["completed"], "p50_ms": result["p50_ms"]}
+
+
+def measure(tmp: Path, store: str, mock: str, quick: bool) -> tuple[dict[str, Any], dict[str, int]]:
+    plain_key, plain_digest = new_key()
+    limited_key, burst_key = setup_store(store)
+    rounds, requests = (2, 150) if quick else (4, 600)
+    cells: dict[str, dict[int, list[dict[str, float]]]] = {"plain": {}, "limited": {}}
+    with gateway(tmp, "a", store, mock, plain_digest) as (proc, url):
+        for key in (plain_key, limited_key):  # warm both paths
+            cell(proc, url, key, 4, 100)
+        for _ in range(rounds):
+            for c in CONCURRENCY:
+                for who, key in (("plain", plain_key), ("limited", limited_key)):
+                    cells[who].setdefault(c, []).append(cell(proc, url, key, c, requests))
+        with gateway(tmp, "b", store, mock, plain_digest) as (_, other):
+            burst = asyncio.run(_burst([url, other], burst_key))
+    used, reserved, cap = burst_usage(store)
+    figures: dict[str, Any] = {}
+    for c in CONCURRENCY:
+        row = {}
+        for who in cells:
+            runs = cells[who][c]
+            row[f"{who}_cpu_ms"] = 1000 * sum(r["cpu_s"] for r in runs) / sum(r["n"] for r in runs)
+            row[f"{who}_p50_ms"] = sorted(r["p50_ms"] for r in runs)[len(runs) // 2]
+        row["added_cpu_ms"] = row["limited_cpu_ms"] - row["plain_cpu_ms"]
+        row["added_p50_ms"] = row["limited_p50_ms"] - row["plain_p50_ms"]
+        figures[f"c{c}"] = {k: round(v, 4) for k, v in row.items()}
+    return figures, burst | {"used": used, "reserved": reserved, "cap": cap}
+
+
+async def _burst(urls: list[str], key: str) -> dict[str, int]:
+    import aiohttp
+
+    payload = request_body("auto", False)
+    headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
+    async with aiohttp.ClientSession() as session:
+
+        async def one(url: str) -> int:
+            async with session.post(url, data=payload, headers=headers) as resp:
+                await resp.read()
+                return resp.status
+
+        codes = await asyncio.gather(*[one(urls[i % 2]) for i in range(50)])
+    return {"admitted": codes.count(200), "refused": codes.count(403), "other": 50 - codes.count(200) - codes.count(403)}  # fmt: skip
+
+
+@contextlib.contextmanager
+def postgres(url: str | None) -> Iterator[str | None]:
+    if url:
+        yield url
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            sys.path.insert(0, str(ROOT))
+            from tests.support.postgres import postgres_server
+
+            started: str | None = stack.enter_context(postgres_server())
+        except (ImportError, RuntimeError) as exc:  # no server binaries here
+            print(f"PostgreSQL skipped: {exc}", flush=True)
+            started = None
+        yield started
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--postgres", help="an empty PostgreSQL database's URL")
+    args = p.parse_args()
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setaffinity(0, {CLIENT_CORE % (os.cpu_count() or 1)})
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-admission-") as name:
+        tmp = Path(name)
+        port = free_port()
+        mock_log = tmp / "mock.log"
+        mock = start(pinned([sys.executable, "-m", "bench.mock_upstream", "--port", str(port)], CLIENT_CORE), mock_log)  # fmt: skip
+        try:
+            wait_http(f"http://127.0.0.1:{port}/health", mock, mock_log)
+            mock_url = f"http://127.0.0.1:{port}"
+            stores = {"sqlite": f"sqlite:///{tmp}/store.db"}
+            with postgres(args.postgres) as pg:
+                if pg is not None:
+                    stores["postgresql"] = pg
+                for kind, url in stores.items():
+                    (tmp / kind).mkdir()
+                    figures, burst = measure(tmp / kind, url, mock_url, args.quick)
+                    results[kind] = figures | {"burst": burst}
+                    print(kind, orjson.dumps(results[kind]).decode(), flush=True)
+        finally:
+            stop(mock)
+    summary = {
+        "added_cpu_ms_per_req": max(r["c1"]["added_cpu_ms"] for r in results.values()),
+        "added_p50_ms": max(r["c1"]["added_p50_ms"] for r in results.values()),
+        "added_cpu_ms_per_req_c16": max(r["c16"]["added_cpu_ms"] for r in results.values()),
+        "budget_overshoot": max(max(0, r["burst"]["used"] - r["burst"]["cap"]) for r in results.values()),
+        "burst_admitted": {k: r["burst"]["admitted"] for k, r in results.items()},
+        "stores": sorted(results),
+        "quick": args.quick,
+    }  # fmt: skip
+    print(orjson.dumps(summary).decode())
+
+
+if __name__ == "__main__":
+    main()
