@@ -5,6 +5,7 @@
     DELETE /v1/responses/{id}                 delete it and its items
     GET    /v1/responses/{id}/input_items     its input items, a cursor page
     POST   /v1/responses/{id}/cancel          stop a background response
+    GET    /admin/v1/approvals                pending MCP approval requests (``approvals``)
 
 Everything is scoped to the caller's tenant: another tenant's response is a 404 like a
 missing one. docs/responses.md lists what is served and what is not yet.
@@ -24,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.http.body import read_json, validated
 from gateway.http.errors import exception_response
+from gateway.http.routes import approvals
 from gateway.pipeline.handler import CompletionPipeline
 from gateway.pipeline.request import RequestIdentity
 from gateway.pipeline.responses import protocol
@@ -73,7 +75,8 @@ def build_router(services: Services, pipeline: CompletionPipeline) -> APIRouter:
         finally:
             await service.background.close()
 
-    router = APIRouter(prefix="/v1/responses", lifespan=lifespan)
+    outer = APIRouter(lifespan=lifespan)
+    router = APIRouter(prefix="/v1/responses")
 
     def tenant(request: Request) -> str:
         return services.auth.authenticate(request.headers.get("authorization")).tenant
@@ -127,4 +130,6 @@ def build_router(services: Services, pipeline: CompletionPipeline) -> APIRouter:
             lambda c: stored.input_items(c, who, ident, limit=limit, after=after, order=order)
         )
 
-    return router
+    outer.include_router(router)
+    outer.include_router(approvals.build_router(services, service))
+    return outer

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import InvalidRequest
-from gateway.pipeline.responses import hosted
+from gateway.pipeline.responses import hosted, mcp_tools
 from gateway.pipeline.responses.items import CODE_TOOL
 from gateway.pipeline.responses.protocol import ResponsesRequest, not_yet
 
@@ -32,6 +32,7 @@ class Echo:
     tool_choice: str | dict[str, Any]
     text: dict[str, Any]
     hosted: tuple[hosted.Hosted, ...] = ()
+    mcp: tuple[mcp_tools.McpTool, ...] = ()
 
     @property
     def functions(self) -> list[dict[str, Any]]:
@@ -41,8 +42,14 @@ class Echo:
 def echo(request: ResponsesRequest) -> Echo:
     tools: list[dict[str, Any]] = []
     wanted: list[hosted.Hosted] = []
+    servers: list[mcp_tools.McpTool] = []
     for i, raw in enumerate(request.tools or []):
         where = f"tools[{i}]"
+        if isinstance(raw, dict) and raw.get("type") == "mcp":
+            server, echoed = mcp_tools.parse(raw, where)
+            servers.append(server)
+            tools.append(echoed)
+            continue
         found = hosted.parse(raw, where) if isinstance(raw, dict) else None
         if found is None:
             tools.append(_function_tool(raw, where))
@@ -54,8 +61,9 @@ def echo(request: ResponsesRequest) -> Echo:
         if name in names[:i]:
             raise InvalidRequest(f"two tools are named {name!r}", param="tools")
     functions = {t["name"] for t in tools if t["type"] == "function"}
-    choice = _tool_choice(request.tool_choice, functions, wanted)
-    return Echo(tools, choice, _text(request.text), tuple(wanted))
+    mcp_tools.by_label(servers)  # a 400 for two servers with one label
+    choice = _tool_choice(request.tool_choice, functions, wanted, bool(servers))
+    return Echo(tools, choice, _text(request.text), tuple(wanted), tuple(servers))
 
 
 def chat_body(
@@ -121,7 +129,7 @@ def _function_tool(tool: Any, where: str) -> dict[str, Any]:
     kind = tool.get("type")
     if kind != "function":
         if isinstance(kind, str) and kind:
-            raise not_yet(f"{where}.type", f"tool type {kind!r} (MCP and OpenAI-hosted tools)")
+            raise not_yet(f"{where}.type", f"tool type {kind!r} (OpenAI-hosted tools)")
         raise InvalidRequest(f"{where}.type must be 'function'", param=f"{where}.type")
     unknown = sorted(tool.keys() - FUNCTION_KEYS - FUNCTION_IGNORED)
     if unknown:
@@ -147,7 +155,10 @@ def _function_tool(tool: Any, where: str) -> dict[str, Any]:
 
 
 def _tool_choice(
-    choice: str | dict[str, Any] | None, names: set[str], wanted: list[hosted.Hosted]
+    choice: str | dict[str, Any] | None,
+    names: set[str],
+    wanted: list[hosted.Hosted],
+    servers: bool = False,
 ) -> str | dict[str, Any]:
     if choice is None:
         return "auto"
@@ -157,7 +168,7 @@ def _tool_choice(
                 f"tool_choice must be one of {', '.join(CHOICES)} or a function (got {choice!r})",
                 param="tool_choice",
             )
-        if choice == "required" and not names and not wanted:
+        if choice == "required" and not names and not wanted and not servers:
             raise InvalidRequest("tool_choice 'required' needs tools", param="tool_choice")
         return choice
     kind = choice.get("type")

@@ -32,6 +32,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.errors import GatewayError, InvalidRequest, SandboxUnavailable, StoreUnavailable
 from gateway.pipeline.request import RequestIdentity
+from gateway.pipeline.responses import approvals, mcp_tools
 from gateway.pipeline.responses.items import CODE_TOOL, new_id, tool_name
 from gateway.pipeline.services import Services
 from gateway.pipeline.tools import list_tools, run_tool
@@ -113,7 +114,11 @@ async def offer(services: Services, wanted: Iterable[Hosted]) -> tuple[dict[str,
 
 
 def new_item(kind: str, name: str, call_id: str, container: str) -> dict[str, Any]:
-    """A hosted call's output item, in progress (its arguments are not known yet)."""
+    """A hosted call's output item, in progress (its arguments are not known yet); a call
+    of an MCP tool that needs approval is an ``mcp_approval_request`` instead."""
+    server = mcp_tools.parse_kind(kind)
+    if server is not None and server[1]:
+        return approvals.request_item(server[0], name, call_id)
     if kind == "code_interpreter":
         return {
             "id": new_id("ci"), "type": "code_interpreter_call", "status": "in_progress",
@@ -122,7 +127,8 @@ def new_item(kind: str, name: str, call_id: str, container: str) -> dict[str, An
         }  # fmt: skip
     return {
         "id": new_id("mcp"), "type": "mcp_call", "status": "in_progress",
-        "server_label": SERVER_LABEL, "name": name, "arguments": "", "output": None,
+        "server_label": server[0] if server else SERVER_LABEL, "name": name, "arguments": "",
+        "output": None,
         "error": None, "call_id": call_id,
     }  # fmt: skip
 
@@ -130,7 +136,7 @@ def new_item(kind: str, name: str, call_id: str, container: str) -> dict[str, An
 def set_arguments(item: dict[str, Any], arguments: str) -> None:
     """Put the call's final arguments on its item (code_interpreter: and the code)."""
     item["arguments"] = arguments
-    if item["type"] == "mcp_call":
+    if item["type"] != "code_interpreter_call":
         return
     try:
         args = orjson.loads(arguments or "{}")
@@ -199,6 +205,15 @@ async def run(
     if not isinstance(args, dict):
         settle(item, "error: invalid arguments: not a JSON object", ok=False)
         return
+    name = tool_name(item)
+    switched_off = services.control.tool_off(name)  # checked at every iteration
+    if switched_off is not None:
+        settle(item, f"error: denied: {switched_off}", ok=False)
+        return
+    principal = services.auth.named(who.tenant, who.api_key)
+    if principal is not None and not principal.may_run_tool(name):
+        settle(item, f"error: denied: this API key may not run the tool {name!r}", ok=False)
+        return
     try:
         result = await run_tool(
             services.sandbox, who.tenant, who.api_key, session, tool_name(item), args
@@ -210,10 +225,10 @@ async def run(
         return
     text, ok = model_text(result)
     settle(item, text, ok)
-    await _record(services, who.tenant, session, item["call_id"], result, text)
+    await record(services, who.tenant, session, item["call_id"], result, text)
 
 
-async def _record(
+async def record(
     services: Services, tenant: str, session: str, call_id: str, result: ToolResult, text: str
 ) -> None:
     """The result on the recorded tool call, as ``POST /v1/tools/{name}`` stores it."""

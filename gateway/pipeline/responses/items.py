@@ -29,6 +29,7 @@ KNOWN_KEYS = {
     "message": frozenset({"role", "content"}),
     "function_call": frozenset({"call_id", "name", "arguments"}),
     "function_call_output": frozenset({"call_id", "output"}),
+    "mcp_approval_response": frozenset({"approval_request_id", "approve", "reason"}),
 }
 PART_KEYS = frozenset({"type", "text", "annotations", "logprobs", "refusal"})
 NOT_YET_TYPES = frozenset(
@@ -37,7 +38,7 @@ NOT_YET_TYPES = frozenset(
         "computer_call_output", "web_search_call", "image_generation_call",
         "code_interpreter_call", "local_shell_call", "local_shell_call_output",
         "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output",
-        "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "mcp_call",
+        "mcp_list_tools", "mcp_approval_request", "mcp_call",
         "custom_tool_call", "custom_tool_call_output", "compaction", "tool_search_call",
         "tool_search_output",
     }
@@ -45,7 +46,10 @@ NOT_YET_TYPES = frozenset(
 # output items of calls the gateway ran (hosted tools); stored, never taken as input yet
 HOSTED_ITEMS = ("code_interpreter_call", "mcp_call")
 CODE_TOOL = "run_python"  # the sandbox tool a code_interpreter_call ran
-ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+ID_PREFIX = {
+    "message": "msg", "function_call": "fc", "function_call_output": "fco",
+    "mcp_approval_response": "mcpa",
+}  # fmt: skip
 
 
 def new_id(prefix: str) -> str:
@@ -81,7 +85,8 @@ def _item(raw: Any, where: str) -> dict[str, Any]:
     if kind in NOT_YET_TYPES:
         raise InvalidRequest(
             f"{where}.type {kind!r} is not supported yet: this gateway's /v1/responses takes "
-            "message, function_call and function_call_output items (see docs/responses.md)",
+            "message, function_call, function_call_output and mcp_approval_response items "
+            "(see docs/responses.md)",
             param=f"{where}.type",
         )
     if kind not in KNOWN_KEYS:
@@ -97,6 +102,8 @@ def _item(raw: Any, where: str) -> dict[str, Any]:
     ident = given or new_id(ID_PREFIX[kind])
     if kind == "message":
         return _message(_role(raw, where), _content(raw, where), ident)
+    if kind == "mcp_approval_response":
+        return _approval(raw, where, ident)
     call_id = _string(raw, "call_id", where)
     if kind == "function_call":
         return {
@@ -107,6 +114,19 @@ def _item(raw: Any, where: str) -> dict[str, Any]:
     return {
         "id": ident, "type": "function_call_output", "call_id": call_id,
         "output": _output(raw, where), "status": "completed",
+    }  # fmt: skip
+
+
+def _approval(raw: dict[str, Any], where: str, ident: str) -> dict[str, Any]:
+    approve, reason = raw.get("approve"), raw.get("reason")
+    if not isinstance(approve, bool):
+        raise InvalidRequest(f"{where}.approve must be true or false", param=f"{where}.approve")
+    if reason is not None and not isinstance(reason, str):
+        raise InvalidRequest(f"{where}.reason must be a string", param=f"{where}.reason")
+    return {
+        "id": ident, "type": "mcp_approval_response",
+        "approval_request_id": _string(raw, "approval_request_id", where), "approve": approve,
+        "reason": reason,
     }  # fmt: skip
 
 
@@ -214,12 +234,25 @@ def to_messages(
     if instructions:
         out.append({"role": "system", "content": instructions})
     ran: list[dict[str, Any]] = []  # hosted calls' outputs, told after their assistant message
+    # an approved (or denied) call's result, told with the request that asked for it
+    results = {
+        i["approval_request_id"]: i for i in (*history, *inputs)
+        if i["type"] == "mcp_call" and i.get("approval_request_id")
+    }  # fmt: skip
     for item in (*history, *inputs):
         kind = item["type"]
-        if kind not in ("function_call", *HOSTED_ITEMS):
+        if kind not in ("function_call", "mcp_approval_request", *HOSTED_ITEMS):
             out.extend(ran)
             ran.clear()
-        if kind == "message":
+        if kind in ("mcp_list_tools", "mcp_approval_response") or item.get("approval_request_id"):
+            continue  # no message: a listing, an answer, a result told with its request
+        if kind == "mcp_approval_request":
+            call, _ = replay(item)
+            _add_call(out, call)
+            if item["id"] in results:
+                _, text = replay(results[item["id"]])
+                ran.append({"role": "tool", "tool_call_id": call["id"], "content": text})
+        elif kind == "message":
             out.append({"role": item["role"], "content": _chat_content(item["content"])})
         elif kind == "function_call":
             _add_call(out, {

@@ -7,6 +7,7 @@
     hosted and client calls  the hosted calls run, the response ends with the client's
                              function_call items (a client tool never runs here)
     client calls only        the response ends with them
+    (calls waiting for approval, mcp_approval_request items, count as client calls)
 
 Caps end the response ``incomplete`` with ``incomplete_details.reason``: ``max_tool_calls``
 (hosted calls per response: the calls over it are not run, their items stay
@@ -56,7 +57,8 @@ def decide(
 ) -> Decision:  # fmt: skip
     """What follows step ``turn`` (from 0), ``calls`` hosted calls having run before it."""
     hosted = [i for i in answer.items if i["type"] in HOSTED_ITEMS]
-    client = any(i["type"] == "function_call" for i in answer.items)
+    # the client's calls, and calls that wait for approval, end the response
+    client = any(i["type"] in ("function_call", "mcp_approval_request") for i in answer.items)
     status, incomplete = status_of(answer.finish_reason)
     if incomplete is not None:  # a cut answer: its calls' arguments may be cut too
         return Decision([], hosted, True, status, incomplete["reason"])

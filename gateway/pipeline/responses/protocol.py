@@ -9,7 +9,7 @@ into a chat request (``gateway.pipeline.responses.chat``). So an unknown paramet
   e.g. ``reasoning``; ``truncation: "disabled"`` is what the gateway does anyway);
 * not supported yet: ``NOT_YET``, a 400 naming the parameter when it is set
   (``conversation``, ``prompt``, ...), and ``stream`` with ``background: true``. Tool types other than function,
-  code_interpreter and sandbox (``hosted``) are refused in ``chat``.
+  code_interpreter, sandbox (``hosted``) and mcp (``mcp_tools``) are refused in ``chat``.
 
 Input items, tools, ``tool_choice`` and ``text`` are checked by hand where they are
 converted, so that a 400 names the exact field (``input[2].call_id``).
@@ -122,7 +122,7 @@ def check_supported(request: ResponsesRequest) -> None:
 def not_yet(param: str, what: str) -> InvalidRequest:
     return InvalidRequest(
         f"{what} is not supported yet by this gateway's /v1/responses; it serves function "
-        "tools and the sandbox's hosted tools (code_interpreter, sandbox), and background runs "
-        "without streaming, not MCP or approvals (see docs/responses.md)",
+        "tools, the sandbox's hosted tools (code_interpreter, sandbox), MCP tools, and "
+        "background runs without streaming (see docs/responses.md)",
         param=param,
     )

@@ -41,9 +41,11 @@ from gateway.errors import (
 from gateway.pipeline.handler import STREAM_HEADERS, CompletionPipeline
 from gateway.pipeline.outcome import CLIENT_CLOSED
 from gateway.pipeline.request import ParsedRequest, RequestIdentity
-from gateway.pipeline.responses import chat, hosted, items
+from gateway.pipeline.responses import approvals, chat, hosted, items, mcp_calls
 from gateway.pipeline.responses.background import Background
 from gateway.pipeline.responses.loop import NOT_RUN, Decision, LoopState, StepAnswer
+from gateway.pipeline.responses.mcp_calls import McpOffer
+from gateway.pipeline.responses.mcp_client import Target
 from gateway.pipeline.responses.output import Frame, answer_items, usage
 from gateway.pipeline.responses.protocol import ResponsesRequest
 from gateway.pipeline.responses.stream import StreamTranslator
@@ -52,6 +54,7 @@ from gateway.recording.recorder import RecorderClosed
 from gateway.store import responses as stored
 from gateway.store.queries import NotFound
 from gateway.upstream.sse import split_events
+from sandbox.protocol import ToolResult
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -71,17 +74,19 @@ class Turn:
     history: Sequence[dict[str, Any]] = ()  # the chain's items
     kinds: dict[str, str] = field(default_factory=dict)  # hosted tools by function name
     offered: Sequence[Any] = ()  # their chat schemas
+    mcp: McpOffer = field(default_factory=McpOffer)  # MCP servers, their new listings
+    decisions: Sequence[approvals.Decision] = ()  # the chain's approval requests, decided
 
     def step(self, state: LoopState) -> ParsedRequest:
         """The chat request of the next model step: the chain, the input and the output so far."""
-        if state.turns == 0:
+        if state.turns == 0 and not self.decisions:
             return self.parsed
         request = self.frame.request
         messages = items.to_messages(
             list(self.history), [*self.inputs, *state.output], request.instructions
         )
         body = chat.chat_body(
-            request, messages, self.frame.spec, self.offered, first=False,
+            request, messages, self.frame.spec, self.offered, first=state.turns == 0,
             max_tokens=state.tokens_left,
         )  # fmt: skip
         return ParsedRequest(self.parsed.identity, body)
@@ -96,6 +101,8 @@ class ResponsesService:
     async def prepare(self, request: ResponsesRequest, who: RequestIdentity) -> Turn:
         """Everything that may refuse the request, before any model call or store write."""
         spec = chat.echo(request)
+        mcp_settings = self.services.settings.responses.mcp
+        servers = mcp_calls.targets(mcp_settings, who.tenant, spec.mcp)  # the allowlist
         kinds, offered = await hosted.offer(self.services, spec.hosted)
         chain = stored.Chain("", [])
         if request.previous_response_id is not None:
@@ -104,17 +111,43 @@ class ResponsesService:
                 lambda c: stored.load_chain(c, who.tenant, prev), "previous_response_id"
             )
         inputs = items.normalize_input(request.input, (i["id"] for i in chain.items))
+        decisions = approvals.resolve(
+            chain.items, inputs, continuing=request.previous_response_id is not None,
+            labels=set(servers), approver=f"client:{who.api_key}",
+        )  # fmt: skip
+        taken = [*kinds, *(t["name"] for t in spec.functions)]
+        mcp = await mcp_calls.offer(mcp_settings, spec.mcp, servers, chain.items, taken)
+        kinds, offered = kinds | mcp.kinds, [*offered, *mcp.offered]
         messages = items.to_messages(chain.items, inputs, request.instructions)
         frame = Frame.new(request, spec, request.stored and self.services.recorder is not None)
         session = who.session_id or chain.session or frame.id
         identity = replace(who, endpoint="chat", requested_model=request.model, session_id=session)
         body = chat.chat_body(request, messages, spec, offered)
         parsed = ParsedRequest(identity, body)
-        return Turn(frame, parsed, inputs, session, chain.items, kinds, offered)
+        return Turn(frame, parsed, inputs, session, chain.items, kinds, offered, mcp, decisions)
 
     def new_state(self, turn: Turn) -> LoopState:
         r = turn.frame.request
         return LoopState(r.max_tool_calls, r.max_output_tokens, self.max_turns)
+
+    async def preface(self, turn: Turn, state: LoopState) -> None:
+        """Before the first step: the new mcp_list_tools items, then the decided approval
+        requests' calls (run, or denied) as output items the first step sees."""
+        state.output.extend(turn.mcp.listed)
+        timeout = self.services.settings.responses.mcp.timeout_s
+        for item, result in await mcp_calls.preface(turn.decisions, turn.mcp.targets, timeout):
+            state.output.append(item)
+            await self._record(turn, item, result)
+
+    async def _record(self, turn: Turn, item: dict[str, Any], result: ToolResult) -> None:
+        """An MCP call's result on the recorded tool call of the step that made it."""
+        tenant = turn.parsed.identity.tenant
+        text = item["output"] or ""
+        await hosted.record(self.services, tenant, turn.session, item["call_id"], result, text)
+
+    async def _mcp(self, turn: Turn, target: Target, item: dict[str, Any], arguments: str) -> None:
+        timeout = self.services.settings.responses.mcp.timeout_s
+        await self._record(turn, item, await mcp_calls.run(target, item, arguments, timeout))
 
     @property
     def max_turns(self) -> int:
@@ -144,6 +177,7 @@ class ResponsesService:
         the response object at its end. None: the first step's refusal, to be passed on as
         it is (in ``last``), or the client left. ``detached`` (a background response, no
         client to pass anything on to): the first step's refusal fails the response too."""
+        await self.preface(turn, state)
         while True:
             got = _Collected()
             try:
@@ -180,6 +214,7 @@ class ResponsesService:
         out = _StreamOut(send, translator)
         state = self.new_state(turn)
         state.output = translator.output  # one list: the translator adds, the loop counts
+        await self.preface(turn, state)  # told when the stream starts
         while True:
             out.refused = None
             try:
@@ -228,7 +263,10 @@ class ResponsesService:
             hosted.settle(item, NOT_RUN, ok=False, status="incomplete")
         who = turn.parsed.identity
         runs = [
-            hosted.run(self.services, who, turn.session, item, answer.arguments[item["id"]])
+            self._mcp(turn, target, item, answer.arguments[item["id"]])
+            if (target := turn.mcp.targets.get(item.get("server_label", ""))) is not None
+            and item["type"] == "mcp_call"
+            else hosted.run(self.services, who, turn.session, item, answer.arguments[item["id"]])
             for item in decision.run
         ]
         if turn.frame.request.parallel_tool_calls is False:

@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from gateway.pipeline.responses import hosted
+from gateway.pipeline.responses import hosted, mcp_tools
 from gateway.pipeline.responses.items import new_id
 from gateway.pipeline.responses.loop import StepAnswer
 from gateway.pipeline.responses.output import Frame, status_of, usage
@@ -71,10 +71,23 @@ class StreamTranslator:
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
     def start(self) -> bytes:
+        """The stream's first events; items already in ``output`` (the MCP listings and
+        approved calls that precede the first step) are told whole."""
         r = self.frame.response("in_progress", [])
-        return self.event("response.created", response=r) + self.event(
+        out = self.event("response.created", response=r) + self.event(
             "response.in_progress", response=r
         )
+        for index, item in enumerate(self.output):
+            out += self.event("response.output_item.added", output_index=index, item=item)
+            where = {"item_id": item["id"], "output_index": index}
+            if item["type"] == "mcp_list_tools":
+                out += self.event("response.mcp_list_tools.completed", **where)
+            elif item["type"] == "mcp_call":
+                end = "completed" if item["status"] == "completed" else "failed"
+                out += self.event(f"response.mcp_call.{end}", **where)
+            out += self.event("response.output_item.done", output_index=index, item=item)
+        self.step_start = len(self.output)
+        return out
 
     def feed(self, raw: bytes) -> bytes:
         """One chat SSE event (``data: {...}\\n\\n``) in, the Responses events it makes out."""
@@ -164,6 +177,8 @@ class StreamTranslator:
     def _new_call(self, call_id: str | None, name: str) -> _Call:
         call_id = call_id or new_id("call")
         kind = self.kinds.get(name)
+        if kind is not None and _waits(kind):  # not run: it waits for approval
+            return _Call(len(self.output), hosted.new_item(kind, name, call_id, self.container))
         if kind is not None:  # a hosted tool: the gateway runs it
             return _Call(
                 len(self.output), hosted.new_item(kind, name, call_id, self.container), True
@@ -175,6 +190,9 @@ class StreamTranslator:
         return _Call(len(self.output), item)
 
     def _arguments(self, call: _Call, args: str) -> bytes:
+        if call.item["type"] == "mcp_approval_request":  # told whole when the step ends
+            call.item["arguments"] += args
+            return b""
         if not call.hosted:
             call.item["arguments"] += args
             kind = "function_call_arguments"
@@ -229,6 +247,8 @@ class StreamTranslator:
 
     def _close_call(self, call: _Call, status: str) -> bytes:
         where = _where(call)
+        if call.item["type"] == "mcp_approval_request":
+            return self.event("response.output_item.done", output_index=call.index, item=call.item)
         if not call.hosted:
             call.item["status"] = status
             return self.event(
@@ -294,6 +314,11 @@ class StreamTranslator:
             incomplete=incomplete,
         )  # fmt: skip
         return out + end, response
+
+
+def _waits(kind: str) -> bool:
+    server = mcp_tools.parse_kind(kind)
+    return server is not None and server[1]
 
 
 def _is_code(item: dict[str, Any]) -> bool:
