@@ -117,4 +117,6 @@ def headers(
     }
     if step is not None:
         out["x-gearshift-step-id"] = step.header()
+    if routing.context is not None:
+        out["x-gearshift-context"] = routing.context.header()
     return out

@@ -23,13 +23,24 @@ def step_record(outcome: Outcome, step: StepPlan, chain: ChainHashes | None = No
     who, d, served = outcome.identity, outcome.routing.decision, outcome.served
     captured = outcome.captured
     first = outcome.first_byte_at
+    request: dict[str, object] | RawJson
+    request = RawJson(outcome.request.raw) if outcome.request.raw else outcome.request.body
+    reason = outcome.route_reason
+    context = outcome.routing.context
+    if context is not None:  # record what the model saw, and say what was condensed
+        request = {**outcome.request.body, "messages": context.messages}
+        reason += f"; context: {context.header()}"
+        # the next step links to this one through the client's history, but this step's
+        # own history is not the last step's extended: prefix unknown, so it is not joined
+        # to an earlier step as if it extended it (exports take it on its own)
+        chain = ChainHashes(None, chain.continuations) if chain is not None else None
     return StepRecord(
         step_ids=list(step.ids),
         request_id=who.request_id,
         tenant=who.tenant,
         api_key=who.api_key,
         endpoint=who.endpoint,
-        request=RawJson(outcome.request.raw) if outcome.request.raw else outcome.request.body,
+        request=request,
         external_session=who.session_id,
         task_id=who.task_id,
         group_id=who.group_id,
@@ -39,8 +50,9 @@ def step_record(outcome: Outcome, step: StepPlan, chain: ChainHashes | None = No
         model=captured.model if captured is not None else None,
         replica=served.replica,
         policy=d.policy if d else "pinned",
+        routing_version=outcome.routing.version,
         propensity=d.propensity if d else 1.0,
-        route_reason=outcome.route_reason,
+        route_reason=reason,
         features=route_features(d),
         fallback=served.fallback,
         escalated=served.escalated is not None,

@@ -12,16 +12,21 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from gateway.errors import ModelNotFound
+from gateway.errors import ModelNotFound, TierSwitchedOff
 from gateway.metrics import Metrics
 from gateway.pipeline.request import ParsedRequest
 from gateway.routing.calibration import TokenCalibrator
+from gateway.routing.control import ControlPlane
 from gateway.routing.sessions import RouteSessions, SessionKeys, load_signals
 from gateway.upstream.pool import TierPool
 from gateway.upstream.scrape import Scraper
-from router import Decision, Policy, RouteRequest, Tier
+from router import Decision, RouteRequest, Tier
 from router.tokens import Counts
+
+if TYPE_CHECKING:
+    from gateway.pipeline.context.stage import Applied
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +47,8 @@ class Routing:
     decision: Decision | None  # None: the client pinned the tier
     keys: SessionKeys  # the session as routing knows it
     sizing: Sizing | None = None  # routed requests only
+    context: Applied | None = None  # set by the context stage, when it condensed the messages
+    version: str | None = None  # the routing version in force for the session
 
     @property
     def allow_fallback(self) -> bool:
@@ -56,14 +63,14 @@ class Routing:
 class RouteStage:
     def __init__(
         self,
-        policy: Policy,
+        control: ControlPlane,
         sessions: RouteSessions,
         pools: Mapping[Tier, TierPool],
         scraper: Scraper,
         calibrator: TokenCalibrator,
         metrics: Metrics,
     ) -> None:
-        self.policy = policy
+        self.control = control
         self.sessions = sessions
         self.pools = pools
         self.scraper = scraper
@@ -85,8 +92,13 @@ class RouteStage:
             raise ModelNotFound(
                 f"model {who.requested_model!r} does not exist; available: {known}", param="model"
             )
+        if self.control.tier_off(tier):
+            raise TierSwitchedOff(
+                f"the {tier} tier is switched off by an operator; use model 'auto'",
+                param="model",
+            )
         self.metrics.routes.labels(tier, "pinned").inc()
-        return Routing(tier, None, keys)
+        return Routing(tier, None, keys, version=self.control.choose(keys.key).id)
 
     def _routed(self, parsed: ParsedRequest, keys: SessionKeys) -> Routing:
         who, body = parsed.identity, parsed.body
@@ -96,8 +108,9 @@ class RouteStage:
         )  # fmt: skip
         started = time.perf_counter()
         sizing = None
+        version = self.control.choose(keys.key)
         try:
-            decision = self.policy.decide(request)
+            decision = version.policy.decide(request)
             analysis = decision.analysis or request.analysis  # what the policy sized it by
             estimate, anchored = analysis.prompt_tokens
             sizing = Sizing(analysis.counts, estimate, anchored, analysis.position)
@@ -106,8 +119,23 @@ class RouteStage:
             why = f"policy error ({type(exc).__name__}): full tier"
             decision = Decision(Tier.FULL, why, "error")
         self.metrics.route_decision.observe(time.perf_counter() - started)
+        decision = self._switched(decision)
         if decision.tier not in self.pools:  # one-tier deployments
             only = next(iter(self.pools))
             decision = replace(decision, tier=only, reason=decision.reason + "; only tier")
         self.metrics.routes.labels(decision.tier, decision.policy).inc()
-        return Routing(decision.tier, decision, keys, sizing)
+        return Routing(decision.tier, decision, keys, sizing, version=version.id)
+
+    def _switched(self, decision: Decision) -> Decision:
+        """The operators' kill switches over the policy's choice: everything to the full
+        tier, or away from a tier that is switched off."""
+        tier = decision.tier
+        why = ""
+        if self.control.all_to_full and tier != Tier.FULL:
+            tier, why = Tier.FULL, "; kill switch all_to_full"
+        if self.control.tier_off(tier):
+            others = [t for t in self.pools if t != tier and not self.control.tier_off(t)]
+            if not others:
+                raise TierSwitchedOff("every tier is switched off by an operator")
+            tier, why = others[0], why + f"; kill switch tier_off {decision.tier}"
+        return replace(decision, tier=tier, reason=decision.reason + why) if why else decision

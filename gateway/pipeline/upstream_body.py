@@ -40,9 +40,14 @@ class UpstreamRequest:
         return found
 
 
-def build_upstream_request(parsed: ParsedRequest, *, capture: bool) -> UpstreamRequest:
-    """``capture``: ask the engine for token ids and log-probabilities (recording is on)."""
+def build_upstream_request(
+    parsed: ParsedRequest, *, capture: bool, messages: list[Any] | None = None
+) -> UpstreamRequest:
+    """``capture``: ask the engine for token ids and log-probabilities (recording is on);
+    ``messages``: the context stage's condensed messages, in place of the client's."""
     body = dict(parsed.body)
+    if messages is not None:
+        body["messages"] = messages
     stream = parsed.stream
     options = body.get("stream_options")
     strip_usage = stream and not (isinstance(options, dict) and options.get("include_usage"))

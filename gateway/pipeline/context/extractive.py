@@ -1,0 +1,146 @@
+"""The extractive summarizer: no model call, the lines worth keeping, verbatim.
+
+It keeps the lines that carry what an agent needs later — numbers and values, file
+paths, identifiers, errors, decisions — plus the task and the calls already made (DONE),
+under the same headings the fast tier's summary has, so either can fold into the other.
+It is the baseline the model-written summary is measured against, and the fallback when
+the fast tier fails or is too slow.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from gateway.pipeline.context.messages import Message, text_of
+
+PATH = re.compile(
+    r"(?:[\w.-]+/)+[\w.-]+|\b[\w-]+\.(?:py|js|ts|go|rs|java|c|h|cpp|md|json|ya?ml|toml|txt|csv|log|sh|sql|html|css)\b"
+)
+NUMBER = re.compile(r"\d")
+IDENT = re.compile(r"\b[a-z]+_[a-z0-9_]+\b|\b[a-z]+[A-Z]\w*\b|`[^`]+`")
+ERROR = re.compile(
+    r"error|exception|traceback|failed|failure|denied|not found|invalid|refused|timeout|exit (?:code|status)",
+    re.I,
+)
+DECISION = re.compile(
+    r"\b(?:decided|decide|chose|choose|will|plan|instead|must|should|conclude|because|so that)\b",
+    re.I,
+)
+PENDING = re.compile(r"\b(?:todo|next|pending|remaining|still need|not yet|then)\b", re.I)
+LINE_CHARS = 160  # one kept line at most: around what made it worth keeping
+SCAN_CHARS = 4 * LINE_CHARS  # of each line, searched
+
+
+def _lines(text: str) -> list[str]:
+    """Non-blank lines, each cut to what the patterns look at (long ones are data dumps)."""
+    return [ln.strip()[:SCAN_CHARS] for ln in text.splitlines() if ln.strip()]
+
+
+def _around(line: str, *patterns: re.Pattern[str]) -> str:
+    """``line`` cut to LINE_CHARS around the first thing a pattern finds in it."""
+    if len(line) <= LINE_CHARS:
+        return line
+    starts = [m.start() for p in patterns if (m := p.search(line)) is not None]
+    start = max(0, min(starts, default=0) - LINE_CHARS // 3)
+    return line[start : start + LINE_CHARS]
+
+
+def _calls(message: Message) -> list[str]:
+    out = []
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            args = fn.get("arguments")
+            shown = args if isinstance(args, str) else ""
+            out.append(f"{fn.get('name')}({shown[:LINE_CHARS]})")
+    return out
+
+
+def _add(bucket: list[str], seen: set[str], line: str) -> None:
+    if line not in seen:
+        seen.add(line)
+        bucket.append(line)
+
+
+def summarize(messages: Sequence[Message], previous: str | None, max_chars: int) -> str:
+    """A structured summary of ``messages`` (with ``previous``, an earlier summary, folded
+    in first), at most ``max_chars`` characters: when the lines do not fit, the latest
+    ones win within each section, and facts go before decisions."""
+    task: list[str] = []
+    done: list[str] = []
+    facts: list[str] = []
+    decisions: list[str] = []
+    pending: list[str] = []
+    files: list[str] = []
+    seen: set[str] = set()
+    sections = {
+        "Task": task, "Facts and values learned": facts, "Files touched": files,
+        "DONE (tool calls already made)": done, "Decisions": decisions, "Pending": pending,
+    }  # fmt: skip
+    _fold(previous or "", sections, seen)
+    for m in messages:
+        role = m.get("role")
+        text = text_of(m)
+        if role == "user":
+            for line in _lines(text)[:3]:
+                _add(task, seen, line[:LINE_CHARS])
+        for call in _calls(m):
+            _add(done, seen, call)
+        for line in _lines(text):
+            for path in PATH.findall(line):
+                if path not in files:
+                    files.append(path)
+            kinds = (ERROR, PATH, IDENT, NUMBER)
+            if any(k.search(line) for k in kinds):
+                _add(facts, seen, _around(line, *kinds))
+            elif role == "assistant" and DECISION.search(line):
+                _add(decisions, seen, _around(line, DECISION))
+            elif role == "assistant" and PENDING.search(line):
+                _add(pending, seen, _around(line, PENDING))
+    return _fit(list(sections.items()), max_chars)
+
+
+def _fold(previous: str, sections: dict[str, list[str]], seen: set[str]) -> None:
+    """An earlier summary's lines, first in their sections (a heading it shares with
+    ours) or among the facts (a model-written summary's other lines)."""
+    bucket = sections["Facts and values learned"]
+    for line in _lines(previous):
+        title = line.rstrip(":").strip()
+        if line.endswith(":") and title in sections:
+            bucket = sections[title]
+            continue
+        item = line[2:] if line.startswith("- ") else line
+        if bucket is sections["Files touched"]:
+            if item not in bucket:
+                bucket.append(item)
+        else:
+            _add(bucket, seen, item[:LINE_CHARS])
+
+
+def _fit(sections: list[tuple[str, list[str]]], max_chars: int) -> str:
+    """Sections under ``max_chars``, each with a share of the room. A section with more
+    lines than its share keeps lines spread evenly over it, the first and the last
+    included: a value printed early matters as much as one printed late."""
+    titled = [(t, lines) for t, lines in sections if lines]
+    share = max(80, max_chars // max(1, len(titled)) - 40)
+    out = []
+    for title, lines in titled:
+        low, high = 1, len(lines)  # the most lines that fit, spread evenly
+        while low < high:
+            mid = (low + high + 1) // 2
+            if sum(len(ln) + 3 for ln in _spread(lines, mid)) <= share:
+                low = mid
+            else:
+                high = mid - 1
+        out.append(f"{title}:\n" + "\n".join(f"- {ln}" for ln in _spread(lines, low)))
+    return "\n".join(out)[:max_chars]
+
+
+def _spread(lines: list[str], count: int) -> list[str]:
+    """``count`` of ``lines``, evenly spaced, the first and (for two or more) the last."""
+    if count >= len(lines):
+        return lines
+    if count == 1:
+        return lines[:1]
+    return [lines[round(i * (len(lines) - 1) / (count - 1))] for i in range(count)]

@@ -1,0 +1,277 @@
+"""The condensation ladder, without I/O of its own: counting and summarizing are passed in.
+
+Over its budget, a conversation goes down the ladder and stops at the first rung that fits:
+
+1. mask the oldest tool outputs (all but the latest ``keep_tool_results``), then clip a
+   recent output that alone would take half the budget;
+2. summarize the oldest span of turns (never the system messages, the latest user message
+   or the latest ``keep_recent`` messages) into one message, the previous summary folded in;
+3. drop that summarized span, and say so.
+
+Each step starts from what the session's previous step did (``Memory``): the same tool
+outputs masked and the same summary in place give the same prefix, which the engine's prefix
+cache still holds. A rung that must clear more clears at least ``clear_at_least`` tokens,
+so that the next steps fit without condensing again; a summary is written only when the
+span it covers grows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.pipeline.context import messages as msgs
+from gateway.pipeline.context.messages import Message
+
+CLIP_SHARE = 0.5  # a kept tool output above this share of the budget is clipped ...
+CLIP_TO = 0.25  # ... to this share
+EXACT_TRIES = 3  # times masking aims lower when the tier's exact count says it missed
+SUMMARY_TRIES = 2  # summaries written for one request at most (the second for a longer span)
+
+
+class Counter(Protocol):
+    def estimate(self, messages: Sequence[Message]) -> int:
+        """Prompt tokens of a request with these messages, estimated (no I/O)."""
+
+    async def measure(self, messages: Sequence[Message]) -> tuple[int, bool]:
+        """Prompt tokens, exact when the estimate is near the budget: (tokens, exact)."""
+
+
+# (the span's messages, the previous summary) -> (the summary, who wrote it)
+Summarize = Callable[[list[Message], str | None], Awaitable[tuple[str, str]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    budget: int  # prompt tokens a condensed request may have; over it, the ladder runs
+    keep_tool_results: int = 3
+    keep_recent: int = 4
+    clear_at_least: int = 512
+    summary_tokens: int = 400  # room kept for the summary when choosing its span
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """What a session's previous condensation chose; repeated while it still applies."""
+
+    masked: int = 0  # the oldest maskable tool outputs masked
+    masked_span: str | None = None  # hash of the messages up to the last of them
+    cut: int = 0  # messages[head:cut] are summarized (0: no summary)
+    span: str | None = None  # their hash: the summary applies only to them
+    summary: str | None = None
+    dropped: bool = False  # the summarized span is dropped, not summarized
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """What the ladder did to one request; ``header`` is ``x-gearshift-context``."""
+
+    tokens_before: int
+    tokens_after: int
+    masked: int = 0  # tool outputs replaced by a placeholder
+    clipped: int = 0  # recent tool outputs cut to their head and tail
+    summarized: int = 0  # messages a summary stands for
+    dropped: int = 0  # messages removed without a summary
+    summarizer: str | None = None  # fast | extractive | reused (the previous step's)
+    exact: bool = False  # tokens_after is the tier's own count
+    fits: bool = True
+
+    def header(self) -> str:
+        parts = [
+            f"masked={self.masked}", f"summarized={self.summarized}", f"dropped={self.dropped}",
+            f"tokens_before={self.tokens_before}", f"tokens_after={self.tokens_after}",
+        ]  # fmt: skip
+        if self.clipped:
+            parts.insert(1, f"clipped={self.clipped}")
+        if self.summarizer:
+            parts.append(f"summarizer={self.summarizer}")
+        if not self.fits:
+            parts.append("over_budget=true")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Condensed:
+    messages: list[Message]
+    report: Report
+    memory: Memory
+
+
+class _Plan:
+    """The conversation under condensation: the original and what is applied to it."""
+
+    def __init__(self, messages: Sequence[Message], knobs: Knobs, memory: Memory) -> None:
+        self.original = list(messages)
+        self.knobs = knobs
+        self.head = msgs.head_end(messages)
+        self.maskable = msgs.maskable(messages, knobs.keep_tool_results)
+        self.masked = 0
+        if 0 < memory.masked <= len(self.maskable):
+            last = self.maskable[memory.masked - 1]
+            if msgs.span_key(messages[: last + 1]) == memory.masked_span:
+                self.masked = memory.masked  # the same conversation: the same outputs
+        self.clips: dict[int, Message] = {}
+        self.cut, self.summary, self.dropped = 0, None, False
+        self.summarizer: str | None = None
+        fits = self.head < memory.cut <= len(messages) - knobs.keep_recent
+        same = fits and msgs.span_key(messages[self.head : memory.cut]) == memory.span
+        if memory.span is not None and same:
+            self.cut, self.summary, self.dropped = memory.cut, memory.summary, memory.dropped
+            self.summarizer = "reused"
+
+    def build(self, cut: int | None = None, summary: str | None = None) -> list[Message]:
+        cut = self.cut if cut is None else cut
+        summary = self.summary if summary is None else summary
+        base = msgs.masked(self.original, self.maskable[: self.masked])
+        for i, clip in self.clips.items():
+            base[i] = clip
+        if not cut:
+            return base
+        covered = len(msgs.spanned(self.original, self.head, cut))
+        text = None if self.dropped or summary is None else msgs.summary_message(summary, covered)
+        return msgs.layout(base, self.head, cut, text)
+
+    def memory(self) -> Memory:
+        span = msgs.span_key(self.original[self.head : self.cut]) if self.cut else None
+        masked = (
+            msgs.span_key(self.original[: self.maskable[self.masked - 1] + 1])
+            if self.masked
+            else None
+        )
+        return Memory(self.masked, masked, self.cut, span, self.summary, self.dropped)
+
+    def report(self, before: int, after: int, exact: bool, fits: bool) -> Report:
+        covered = len(msgs.spanned(self.original, self.head, self.cut)) if self.cut else 0
+        masked = sum(1 for i in self.maskable[: self.masked] if i >= self.cut)
+        return Report(
+            before, after, masked, len(self.clips), 0 if self.dropped else covered,
+            covered if self.dropped else 0, self.summarizer if self.cut else None, exact, fits,
+        )  # fmt: skip
+
+
+async def condense(
+    messages: Sequence[Message],
+    knobs: Knobs,
+    counter: Counter,
+    summarize: Summarize,
+    memory: Memory | None = None,
+) -> Condensed | None:
+    """``messages`` within ``knobs.budget`` (or as close as the ladder gets); None when
+    they fit as they are (nothing to do, nothing to report)."""
+    before, exact = await counter.measure(messages)
+    if before <= knobs.budget:
+        return None
+    plan = _Plan(messages, knobs, memory or Memory())
+    for rung in (_reuse, _mask, _clip, _summarize, _drop):
+        done = await rung(plan, counter, summarize)
+        if done is not None:
+            tokens, exact = done
+            return Condensed(plan.build(), plan.report(before, tokens, exact, True), plan.memory())
+    tokens, exact = await counter.measure(plan.build())
+    fits = tokens <= knobs.budget
+    return Condensed(plan.build(), plan.report(before, tokens, exact, fits), plan.memory())
+
+
+async def _fits(plan: _Plan, counter: Counter) -> tuple[int, bool] | None:
+    tokens, exact = await counter.measure(plan.build())
+    return (tokens, exact) if tokens <= plan.knobs.budget else None
+
+
+async def _reuse(plan: _Plan, counter: Counter, summarize: Summarize) -> tuple[int, bool] | None:
+    """What the previous step did, if it is enough: the same prefix again."""
+    if not plan.masked and not plan.cut:
+        return None
+    return await _fits(plan, counter)
+
+
+async def _mask(plan: _Plan, counter: Counter, summarize: Summarize) -> tuple[int, bool] | None:
+    """Mask more of the oldest tool outputs: the fewest that bring the request under
+    budget with at least ``clear_at_least`` tokens fewer than before this rung."""
+    if plan.masked == len(plan.maskable):
+        return None
+    start = counter.estimate(plan.build())
+    target = plan.knobs.budget
+    first = plan.masked + 1
+    for _ in range(EXACT_TRIES):
+
+        def enough(k: int, target: int = target) -> bool:
+            plan.masked = k
+            estimate = counter.estimate(plan.build())
+            return estimate <= target and start - estimate >= plan.knobs.clear_at_least
+
+        ks = list(range(first, len(plan.maskable) + 1))
+        plan.masked = _first(ks, enough) or len(plan.maskable)
+        tokens, exact = await counter.measure(plan.build())
+        if tokens <= plan.knobs.budget or plan.masked == len(plan.maskable):
+            break
+        # the tier counts more than the estimate: aim lower by what it found
+        target -= tokens - counter.estimate(plan.build())
+        first = plan.masked + 1
+    return (tokens, exact) if tokens <= plan.knobs.budget else None
+
+
+def _first(candidates: Sequence[int], ok: Callable[[int], bool]) -> int | None:
+    """The first candidate ``ok`` holds for, by bisection (``ok`` is monotone in them)."""
+    low, high = 0, len(candidates)
+    while low < high:
+        mid = (low + high) // 2
+        if ok(candidates[mid]):
+            high = mid
+        else:
+            low = mid + 1
+    return candidates[low] if low < len(candidates) else None
+
+
+async def _clip(plan: _Plan, counter: Counter, summarize: Summarize) -> tuple[int, bool] | None:
+    """A kept tool output that alone takes over half the budget keeps its head and tail."""
+    budget = plan.knobs.budget
+    for i, m in enumerate(plan.original):
+        if m.get("role") != "tool" or i in plan.maskable[: plan.masked]:
+            continue
+        tokens = counter.estimate([m])
+        if tokens > CLIP_SHARE * budget:
+            chars = len(msgs.text_of(m))
+            plan.clips[i] = msgs.clipped(m, int(chars * CLIP_TO * budget / tokens))
+    if not plan.clips:
+        return None
+    return await _fits(plan, counter)
+
+
+async def _summarize(
+    plan: _Plan, counter: Counter, summarize: Summarize
+) -> tuple[int, bool] | None:
+    """Summarize from the system messages (or the previous summary's end) to the nearest
+    cut that fits with room for the summary, clearing at least ``clear_at_least``."""
+    knobs = plan.knobs
+    start = plan.cut or plan.head
+    cuts = msgs.cuts(plan.original, start, knobs.keep_recent)
+    if not cuts:
+        return None
+    previous = plan.summary  # folded in, even when it was dropped for want of room
+    target = knobs.budget
+    before = counter.estimate(plan.build())
+    for _ in range(SUMMARY_TRIES):
+
+        def enough(c: int, target: int = target, before: int = before) -> bool:
+            estimate = counter.estimate(plan.build(cut=c, summary="")) + knobs.summary_tokens
+            return estimate <= target and before - estimate >= knobs.clear_at_least
+
+        chosen = _first(cuts, enough) or cuts[-1]
+        text, by = await summarize(msgs.spanned(plan.original, start, chosen), previous)
+        plan.cut, plan.summary, plan.dropped, plan.summarizer = chosen, text, False, by
+        tokens, exact = await counter.measure(plan.build())
+        if tokens <= knobs.budget:
+            return tokens, exact
+        if chosen == cuts[-1]:
+            break
+        target -= tokens - knobs.budget  # aim lower by what it missed, once more
+    return None
+
+
+async def _drop(plan: _Plan, counter: Counter, summarize: Summarize) -> tuple[int, bool] | None:
+    """The last resort: the summarized span goes without its summary."""
+    if not plan.cut:
+        return None
+    plan.dropped = True
+    return await _fits(plan, counter)
