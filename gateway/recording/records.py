@@ -80,6 +80,7 @@ class StepRecord:
     duration_ms: float = 0.0
     error: str | None = None
     chain: ChainHashes | None = None
+    routing_version: str | None = None  # gateway.routing.control
 
     def describe(self) -> str:
         return f"request {self.request_id}"

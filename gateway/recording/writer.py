@@ -215,6 +215,7 @@ class StepWriter:
             "model": rec.model,
             "replica": rec.replica,
             "policy": rec.policy,
+            "routing_version": rec.routing_version,
             "propensity": rec.propensity,
             "route_reason": rec.route_reason,
             "features": rec.features,

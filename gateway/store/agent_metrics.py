@@ -1,8 +1,8 @@
 """The five agent metrics, computed from the trajectory store.
 
 Operators judge a routing change by what it does to agents, not to requests. For the
-sessions that started inside a time window, grouped by tenant, agent (the API key) or the
-session's tier mix:
+sessions that started inside a time window, grouped by tenant, agent (the API key), the
+session's tier mix or its routing version (the one its first step was routed by):
 
 - **task success rate**: of the sessions with a verdict — ended with an ``outcome`` or an
   ``outcome`` reward — the share that succeeded (a positive ``outcome`` reward, else an
@@ -30,8 +30,8 @@ from sqlalchemy.sql import ColumnElement
 
 from gateway.store.schema import feedback, rewards, sessions, steps, tool_calls
 
-GroupBy = Literal["tenant", "agent", "tier_mix"]
-GROUPS: tuple[GroupBy, ...] = ("tenant", "agent", "tier_mix")
+GroupBy = Literal["tenant", "agent", "tier_mix", "routing_version"]
+GROUPS: tuple[GroupBy, ...] = ("tenant", "agent", "tier_mix", "routing_version")
 
 # Outcome words that mean the task was done; anything else with a verdict is a failure.
 SUCCESS_OUTCOMES = (
@@ -142,12 +142,28 @@ def compute(
         .subquery()
     )
 
+    # the routing version of a session: its first step's (a canary is sticky per session)
+    first_seq = (
+        select(steps.c.session_id.label("sid"), func.min(steps.c.seq).label("seq"))
+        .where(first_choice)
+        .group_by(steps.c.session_id)
+        .subquery()
+    )
+    per_version = (
+        select(steps.c.session_id.label("sid"), steps.c.routing_version.label("version"))
+        .join(first_seq, (first_seq.c.sid == steps.c.session_id) & (first_seq.c.seq == steps.c.seq))
+        .where(first_choice)
+        .subquery()
+    )
+
     steps_n = func.coalesce(per_step.c.steps, 0)
     fast_n = func.coalesce(per_step.c.fast, 0)
     if group_by == "tenant":
         keys: list[ColumnElement[Any]] = [sessions.c.tenant_id.label("tenant")]
     elif group_by == "agent":
         keys = [sessions.c.tenant_id.label("tenant"), sessions.c.api_key.label("agent")]
+    elif group_by == "routing_version":
+        keys = [func.coalesce(per_version.c.version, "none").label("routing_version")]
     else:
         mix = case(
             (steps_n == 0, literal("none")),
@@ -188,6 +204,7 @@ def compute(
             .outerjoin(per_tool, per_tool.c.sid == sessions.c.id)
             .outerjoin(per_reward, per_reward.c.sid == sessions.c.id)
             .outerjoin(per_feedback, per_feedback.c.sid == sessions.c.id)
+            .outerjoin(per_version, per_version.c.sid == sessions.c.id)
         )
         .where(*where)
         .group_by(*keys)

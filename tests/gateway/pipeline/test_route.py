@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config import BreakerSettings, HealthSettings
-from gateway.errors import ModelNotFound
+from gateway.config import BreakerSettings, HealthSettings, RouterSettings
+from gateway.errors import ModelNotFound, TierSwitchedOff
 from gateway.metrics import Metrics
 from gateway.pipeline.route import RouteStage
 from gateway.routing.calibration import TokenCalibrator
+from gateway.routing.control import ControlPlane, Version
 from gateway.routing.sessions import RouteSessions
 from gateway.upstream.pool import TierPool
 from gateway.upstream.scrape import Scraper
@@ -37,6 +38,13 @@ class Spy:
         return Decision(self.tier, f"spy chose {self.tier}", self.name, 0.75)
 
 
+def plane(policy) -> ControlPlane:
+    """A control plane whose published version is ``policy``."""
+    p = ControlPlane(RouterSettings(policy="always_full"))
+    p.published = Version("spy-version", {"policy": "spy"}, policy, "test")
+    return p
+
+
 def stage(policy, tiers=(Tier.FULL, Tier.FAST), sessions=None) -> RouteStage:
     pools = {
         t: TierPool(
@@ -46,7 +54,7 @@ def stage(policy, tiers=(Tier.FULL, Tier.FAST), sessions=None) -> RouteStage:
     }
     metrics = Metrics()
     return RouteStage(
-        policy,
+        plane(policy),
         sessions or RouteSessions(),
         pools,
         Scraper(pools, metrics, 10.0),
@@ -141,3 +149,29 @@ def test_a_one_tier_deployment_does_not_know_the_missing_tiers_name():
     with pytest.raises(ModelNotFound) as err:
         s(parsed({"model": "full", "messages": []}))
     assert err.value.message.endswith("available: auto, fast, model-fast")
+
+
+def switched(s: RouteStage, *pairs: tuple[str, str]) -> None:
+    s.control._switches = frozenset(pairs)
+
+
+def test_every_routing_names_the_version_in_force():
+    s = stage(Spy(Tier.FAST))
+    assert s(parsed()).version == "spy-version"
+    assert s(parsed({"model": "full", "messages": []})).version == "spy-version"
+
+
+def test_kill_switches_override_the_policy_and_say_so():
+    s = stage(Spy(Tier.FAST))
+    switched(s, ("all_to_full", ""))
+    routing = s(parsed())
+    assert routing.tier is Tier.FULL and routing.reason.endswith("; kill switch all_to_full")
+    switched(s, ("tier_off", "fast"))
+    routing = s(parsed())
+    assert routing.tier is Tier.FULL and routing.reason.endswith("; kill switch tier_off fast")
+    with pytest.raises(TierSwitchedOff) as err:  # a pinned tier is never replaced
+        s(parsed({"model": "fast", "messages": []}))
+    assert err.value.status == 503 and err.value.param == "model"
+    switched(s, ("tier_off", "fast"), ("tier_off", "full"))
+    with pytest.raises(TierSwitchedOff, match="every tier"):
+        s(parsed())

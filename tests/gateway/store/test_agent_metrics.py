@@ -20,7 +20,7 @@ from gateway.store.schema import sessions
 GRANTED = {"allowed": True, "rule": "grant", "reason": "granted", "duration_ms": 12.0}
 
 
-def _step(tenant, key, session, tier, *, status=200, calls=()):
+def _step(tenant, key, session, tier, *, status=200, calls=(), version="v-base"):
     message = {"role": "assistant", "content": None if calls else "done"}
     if calls:
         message["tool_calls"] = [
@@ -31,7 +31,7 @@ def _step(tenant, key, session, tier, *, status=200, calls=()):
         step_ids=[uuid.uuid4().hex], request_id=uuid.uuid4().hex, tenant=tenant, api_key=key,
         endpoint="chat", request={"messages": [{"role": "user", "content": "go"}]},
         external_session=session, task_id=None, group_id=None, created_at=time.time(),
-        status=status, tier=tier,
+        status=status, tier=tier, routing_version=version,
         choices=[] if status != 200 else [ChoiceCapture(0, message, [1], [0.0], "stop")],
     )  # fmt: skip
 
@@ -44,8 +44,8 @@ def store(store_url):
         _step("acme", "k1", "s1", "full", calls=["c1"]),
         _step("acme", "k1", "s1", "fast"),
         _step("acme", "k1", "s1", "fast"),
-        _step("acme", "k1", "s2", "fast", calls=["c2", "c3"]),
-        _step("acme", "k1", "s2", "fast"),
+        _step("acme", "k1", "s2", "fast", calls=["c2", "c3"], version="v-canary"),
+        _step("acme", "k1", "s2", "fast", version="v-base"),  # published mid-session
         _step("acme", "k2", "s3", "full", status=504),
         _step("zeta", "z", "s4", "full"),
     ]
@@ -105,6 +105,14 @@ def test_per_agent_and_per_tier_mix(store):
     assert (k2.sessions, k2.task_success_rate, k2.timeouts) == (1, None, 1)  # still open
     assert {r.group["tier_mix"]: r.sessions for r in mix} == {"fast": 1, "full": 2, "mixed": 1}
     assert _by(mix, tier_mix="fast").task_success_rate == 0.0
+
+
+def test_per_routing_version_a_session_counts_for_its_first_steps_version(store):
+    with store.connect() as conn:
+        rows = agent_metrics.compute(conn, group_by="routing_version", tenant="acme")
+    assert {r.group["routing_version"]: r.sessions for r in rows} == {"v-base": 2, "v-canary": 1}
+    canary = _by(rows, routing_version="v-canary")
+    assert (canary.task_success_rate, canary.tool_failure_rate) == (0.0, 1.0)
 
 
 def test_the_window_counts_sessions_by_their_start(store):

@@ -1,0 +1,1 @@
+"""The operators' dashboard (server-rendered HTML, SVG charts, no JavaScript)."""
