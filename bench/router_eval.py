@@ -1,40 +1,43 @@
-"""Router quality: the trained classifiers against the baselines, on real outcomes of both tiers.
+"""Router quality on families it never saw: the trained classifiers against named baselines.
 
     python -m bench.router_eval [--outcomes bench/data/router_outcomes.jsonl]
         [--sampled-outcomes bench/data/router_outcomes_sampled.jsonl]
         [--write-model router/assets/classifier.json]
         [--write-sampled-model router/assets/classifier-sampled.json]
         [--write-examples FILE] [--plot docs/img/router_eval.png] [--plot-mix FILE]
-        [--check FILE ...] [--repeat FILE ...] [--quick]
+        [--check FILE ...] [--repeat FILE ...] [--bootstrap 1000] [--margin M] [--quick]
 
 1. Builds the labelled sets (and prints each group's mean score on both tiers): the
-   checkable tasks of ``bench.router_tasks`` (BFCL, HumanEval, reasoning-gym at three
-   difficulties, exact-answer questions) joined with the checked answers of both embedded
-   tiers from ``bench.router_outcomes``, for two serving regimes: greedy (one answer at
-   temperature 0) and sampled (the mean of four answers at temperature 0.7, ``--samples 4``).
-   Label: 1 when the full tier scored more than 0.25 above the fast tier.
-2. For each regime, splits the set (70/30, stratified by source and category, seed 0),
-   trains a classifier on the 70% (``router.training``) and reports on the held-out 30%,
-   for the classifier and every baseline (always full, always fast, random, length
-   threshold, rules): AUC against the held-out labels, and APGR and CPT(50%)/CPT(80%) as
-   RouteLLM defines them over the real outcomes; also the other regime's model on the same
-   tasks (what routing these requests with it would give). The same
-   figures averaged over five more splits show how much of the difference is the split.
-3. Reports both classifiers' fast-tier share on MT-Bench's categories (no checker exists
-   for those answers, so they are not in the figures above).
-4. ``--check FILE`` (repeatable): both seed-0 models on other outcomes, such as answers
-   sampled at another temperature for a subset of the tasks (``bench.router_outcomes
-   --samples 4 --temperature 0.3 --scale 0.25``), on the held-out tasks they cover: which
-   model routes requests at that temperature better. ``--repeat FILE``: the same for a
-   second collection of a shipped regime (same samples, temperature and fast tier), and how
-   well that regime's labels repeat (``repeat``: the share labelled alike, the AUC of the
-   shipped labels as a router).
+   checkable tasks of ``bench.router_tasks`` (BFCL, HumanEval, reasoning-gym, exact-answer
+   questions) joined with the checked answers of both embedded tiers from
+   ``bench.router_outcomes``, for two serving regimes: greedy (one answer at temperature 0)
+   and sampled (the mean of four answers at temperature 0.7). Label: 1 when the full tier
+   scored more than the margin above the fast tier. The tasks are divided by the locked
+   split ``bench/data/router_split.json`` (``bench.router_split``: 13 families, exact
+   duplicates on one side): everything below is trained and tuned on **dev** tasks only
+   and reported on **test** tasks.
+2. Tuning, per regime, on the dev split: the L2 strength by 5-fold AUC, then the label
+   margin (0, 0.25, 0.5) by leave-one-family-out APGR among the dev tasks (``--margin``
+   fixes it); the model's threshold by the quality target on its training scores.
+3. **Headline: leave one family out** (``bench.router_lofo``): for each family, a model
+   trained on the dev tasks of the other twelve, scored on the held-out family's test tasks;
+   AUC and APGR per family, averaged over families, and pooled, with 95% bootstrap
+   intervals; beside it always-full, always-fast, the length threshold, the rules alone,
+   the group lookup (a named baseline: the training positive rate of the task's group,
+   from the coarsest level seen), and the classifier behind each rule of the chain.
+4. **Secondary: in distribution**: one model trained on all dev tasks (the shipped one with
+   ``--write-model``), on the test split, with the same routers and intervals.
+5. MT-Bench's fast-tier share per category (no checker: not in the figures); ``--check`` /
+   ``--repeat`` (``bench.router_checks``).
 
-``--write-model`` / ``--write-sampled-model`` save the models trained on the seed-0
-training split (the ones whose held-out figures are printed): the files the repo ships,
-used by the classifier policy for greedy and for sampled requests. Last line: one JSON
-object with the greedy regime's ``auc``, ``apgr``, ``apgr_best_baseline``, ``cpt50``,
-``cpt80``, and the same for the sampled regime under ``sampled``.
+The training data are single-turn requests: neither ``bench/data`` nor the store hold
+multi-step tool-loop steps with both tiers' checked outcomes, so conversation depth, user
+turns and tool-loop depth are constant in training (``multi_step_examples`` in the output).
+
+Last line: one JSON object with ``auc_heldout_family``, ``apgr_heldout_family``,
+``apgr_best_baseline_heldout_family`` (greedy regime, macro over families), their
+intervals, the pooled figures, the in-distribution ones (``*_test_split``), every
+router's figures, and the same for the sampled regime under ``sampled``.
 """
 
 from __future__ import annotations
@@ -48,16 +51,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.router_checks import Shipped, check
+from bench.router_lofo import (
+    Evaluation,
+    Held,
+    base_rates,
+    choose_margin,
+    evaluate,
+    families,
+    leave_one_family_out,
+    router_scores,
+    trainer,
+)  # fmt: skip
 from bench.router_outcomes import DEFAULT_OUT, SAMPLED_OUT, header, load
 from bench.router_plots import fine_group, plot, plot_mix
+from bench.router_split import Split, problems
+from bench.router_split import load as load_split
 from bench.router_tasks import Task, all_tasks
 from router.classifier import Classifier, write_model
 from router.dataset import write_examples
-from router.evaluation import auc
-from router.report import BASELINES, CHAINS, best_baseline, compare, metrics
-from router.training import DEFAULT_MARGIN, Example, fit, split
+from router.report import CHAINS
+from router.training import DEFAULT_MARGIN, Example, fit
 
-REPEATS = 5
 QUICK_L2 = (0.003,)  # --quick: the shipped models' choice, no search
 
 
@@ -121,226 +136,175 @@ def print_groups(examples: list[Example], margin: float) -> None:
           f"{full:5.2f} {fast:5.2f} {share:10.0%}", file=sys.stderr)  # fmt: skip
 
 
-def group_ceiling(
-    train: list[Example], test: list[Example], margin: float, scores: list[float]
-) -> dict[str, float]:
-    """AUC of scoring each held-out task by its group's positive rate: from the training
-    split (a router that knew every task's group) and from the held-out split itself (an
-    oracle), and that oracle with the classifier's ``scores`` breaking ties (a router that
-    knew the groups perfectly and ranked tasks within them as the classifier does): how
-    much of the label is group-level, and how much is per-task noise."""
-    labels = [e.label(margin) for e in test]
-
-    def rates(examples: list[Example]) -> dict[str, float]:
-        by: dict[str, list[int]] = defaultdict(list)
-        for e in examples:
-            by[fine_group(e)].append(e.label(margin))
-        return {k: statistics.fmean(v) for k, v in by.items()}
-
-    prior, oracle = rates(train), rates(test)
-    # group rates differ by far more than 1e-3 and scores lie in [0, 1]: they only break ties
-    tied = [oracle[fine_group(e)] + 1e-3 * p for e, p in zip(test, scores, strict=True)]
-    return {
-        "auc_group_prior": round(auc([prior.get(fine_group(e), 0.0) for e in test], labels), 4),
-        "auc_group_oracle": round(auc([oracle[fine_group(e)] for e in test], labels), 4),
-        "auc_group_oracle_with_classifier": round(auc(tied, labels), 4),
-    }
-
-
-def within_groups(test: list[Example], scores: list[float], margin: float) -> dict[str, float]:
-    """The classifier's AUC among the held-out tasks of each group that has both labels:
-    whether it ranks tasks within a group, not only groups."""
-    by: dict[str, tuple[list[float], list[int]]] = defaultdict(lambda: ([], []))
-    for e, p in zip(test, scores, strict=True):
-        by[fine_group(e)][0].append(p)
-        by[fine_group(e)][1].append(e.label(margin))
-    return {g: round(auc(ps, ys), 4) for g, (ps, ys) in sorted(by.items()) if 0 < sum(ys) < len(ys)}
+MARGINS = (0.0, 0.25, 0.5)
+BOOTSTRAP = 1000
 
 
 @dataclass
 class Regime:
-    """One serving regime's evaluation: a model trained and tested on its outcomes for each
-    split (seed 0 first), with the other regime's models tested on the same split."""
+    """One serving regime: its examples on both sides of the locked split, the tuning done
+    on the dev side, and both evaluations."""
 
     name: str
+    source: Path
     examples: list[Example]
-    runs: list[dict[str, Any]] = field(default_factory=list)
-    models: list[Classifier] = field(default_factory=list)
-    specs: list[dict[str, Any]] = field(default_factory=list)
-    tests: list[list[Example]] = field(default_factory=list)
-    source: Path | None = None  # the outcomes file, once run
+    split: Split
+    tuning: dict[str, Any] = field(default_factory=dict)
+    model: Classifier | None = None  # trained on every dev task: the shipped one
+    spec: dict[str, Any] = field(default_factory=dict)
+    lofo: Evaluation | None = None
+    rates: dict[str, Any] = field(default_factory=dict)
+    in_dist: Evaluation | None = None
+    in_held: list[Held] = field(default_factory=list)
 
-    def run(self, args: argparse.Namespace, source: Path) -> None:
-        self.source = source
-        grid = {"l2_grid": QUICK_L2} if args.quick else {}
-        for seed in range((1 if args.quick else REPEATS) + 1):
-            train, test = split(self.examples, 0.3, seed)
-            meta = {"split_seed": seed, "outcomes": _shown(source), "regime": self.name}
-            if "fast_tier" in header(source):
-                meta["fast_tier"] = header(source)["fast_tier"]
-            spec = fit(train, seed=seed, margin=args.margin, meta=meta, **grid)
-            model = Classifier(spec)
-            report = compare(model, test, margin=args.margin)
-            scores = [model.predict(e.body, e.session).probability for e in test]
-            report["ceiling"] = group_ceiling(train, test, args.margin, scores)
-            report["within_groups"] = within_groups(test, scores, args.margin)
-            self.runs.append(report)
-            self.models.append(model)
-            self.specs.append(spec)
-            self.tests.append(test)
+    @property
+    def dev(self) -> list[Example]:
+        return [e for e in self.examples if e.id in self.split.dev]
 
-    def cross(self, other: Regime, margin: float) -> None:
-        """The other regime's models on this regime's held-out tasks (the same tasks: the
-        splits depend on task ids only)."""
-        for seed, (report, test) in enumerate(zip(self.runs, self.tests, strict=True)):
-            scores = [other.models[seed].predict(e.body).probability for e in test]
-            report[f"{other.name}_model"] = metrics(scores, test, margin)
+    @property
+    def test(self) -> list[Example]:
+        return [e for e in self.examples if e.id in self.split.test]
 
-    def mean(self, name: str, key: str) -> float:
-        return round(statistics.fmean(r[name][key] for r in self.runs[1:]), 4)
+    @property
+    def margin(self) -> float:
+        return float(self.tuning["margin"])
 
-    def print(self, other: Regime) -> None:
-        report = self.runs[0]
-        names = ["classifier", f"{other.name}_model", *CHAINS, *BASELINES, "random"]
-        print(f"\n{self.name} serving: held-out split (seed 0): {report['tiers']}", file=sys.stderr)
-        print(f"{'router':24} {'AUC':>6} {'APGR':>6} {'CPT50':>6} {'CPT80':>6}   mean of {len(self.runs) - 1} more splits: AUC  APGR", file=sys.stderr)  # fmt: skip
-        for name in names:
-            r = report[name]
-            print(f"{name:24} {r['auc']:6.3f} {r['apgr']:6.3f} {r['cpt50']:6.3f} {r['cpt80']:6.3f}"
-                  f"   {self.mean(name, 'auc'):>30.3f} {self.mean(name, 'apgr'):.3f}", file=sys.stderr)  # fmt: skip
-        ceiling = self.ceiling()
-        print(f"AUC if each task's group (source/category/difficulty) were known, mean of all "
-              f"splits: rate from training {ceiling['auc_group_prior']:.3f}, "
-              f"oracle rate from the held-out split {ceiling['auc_group_oracle']:.3f}, "
-              f"oracle with the classifier breaking ties {ceiling['auc_group_oracle_with_classifier']:.3f}", file=sys.stderr)  # fmt: skip
-        within = self.within()
-        print("classifier AUC within a group (mean of the splits where it has both labels): "
-              + ", ".join(f"{g} {a:.2f}" for g, a in within.items()), file=sys.stderr)  # fmt: skip
-        at = report["at_threshold"]
-        print(f"at the model's threshold {at['threshold']:.3f}: {at['full_share']:.0%} of steps "
-              f"on full, PGR {at['pgr']:.2f}", file=sys.stderr)  # fmt: skip
+    def run(self, args: argparse.Namespace) -> None:
+        dev, test = self.dev, self.test
+        meta = {"outcomes": _shown(self.source), "regime": self.name, "trained_on": "dev split",
+                "split_sha256": self.split.sha256}  # fmt: skip
+        if "fast_tier" in header(self.source):
+            meta["fast_tier"] = header(self.source)["fast_tier"]
+        fixed = args.margin if args.margin is not None else DEFAULT_MARGIN
+        if args.quick:
+            self.tuning = {"l2": QUICK_L2[0], "margin": fixed, "quick": True}
+        else:
+            l2 = fit(dev, margin=fixed)["training"]["l2"]
+            print(f"{self.name}: L2 {l2} by 5-fold AUC on dev", file=sys.stderr)
+            chosen = {"margin": args.margin} if args.margin is not None else choose_margin(dev, MARGINS, l2)  # fmt: skip
+            self.tuning = {"l2": l2, **chosen}
+        margin, l2 = self.margin, float(self.tuning["l2"])
+        self.spec = fit(dev, margin=margin, l2_grid=(l2,), meta={**meta, "tuning": self.tuning})
+        self.model = Classifier(self.spec)
+        boot = args.bootstrap if not args.quick else 50
+        held = leave_one_family_out(dev, test, trainer(margin, l2, meta=meta), margin)
+        self.lofo = evaluate(held, margin, boot)
+        self.rates = base_rates(held, margin)
+        self.in_held = [
+            Held(fam, part, router_scores(self.model, dev, part, margin), self.model)
+            for fam in families(test)
+            for part in [[e for e in test if e.group == fam]]
+        ]
+        self.in_dist = evaluate(self.in_held, margin, boot)
 
-    def within(self) -> dict[str, float]:
-        by: dict[str, list[float]] = defaultdict(list)
-        for r in self.runs:
-            for g, a in r["within_groups"].items():
-                by[g].append(a)
-        return {g: round(statistics.fmean(v), 4) for g, v in sorted(by.items())}
+    def at_threshold(self) -> dict[str, float]:
+        assert self.model is not None
+        test = self.test
+        to_full = [self.model.predict(e.body).probability >= self.model.threshold for e in test]
+        n = len(test)
+        quality = sum(e.full if f else e.fast for e, f in zip(test, to_full, strict=True)) / n
+        full, fast = (statistics.fmean(getattr(e, k) for e in test) for k in ("full", "fast"))
+        return {"threshold": self.model.threshold, "full_share": round(sum(to_full) / n, 4),
+                "quality": round(quality, 4), "pgr": round((quality - fast) / (full - fast), 4)}  # fmt: skip
 
-    def ceiling(self) -> dict[str, float]:
-        keys = self.runs[0]["ceiling"]
-        return {k: round(statistics.fmean(r["ceiling"][k] for r in self.runs), 4) for k in keys}
+    def tiers(self) -> dict[str, Any]:
+        test = self.test
+        return {"full": round(statistics.fmean(e.full for e in test), 4),
+                "fast": round(statistics.fmean(e.fast for e in test), 4), "examples": len(test),
+                "positives": sum(e.label(self.margin) for e in test)}  # fmt: skip
 
-    def summary(self, other: Regime) -> dict[str, Any]:
-        report = self.runs[0]
-        base, base_apgr = best_baseline(report)
-        out = {
-            "auc": report["classifier"]["auc"],
-            "apgr": report["classifier"]["apgr"],
-            "apgr_best_baseline": base_apgr,
-            "best_baseline": base,
-            "cpt50": report["classifier"]["cpt50"],
-            "cpt80": report["classifier"]["cpt80"],
-            "auc_mean_splits": self.mean("classifier", "auc"),
-            "apgr_mean_splits": self.mean("classifier", "apgr"),
-            "apgr_best_baseline_mean_splits": max(
-                self.mean(k, "apgr") for k in (*BASELINES, "random")
-            ),
-            "held_out": report["tiers"],
-            "ceiling_mean_splits": self.ceiling(),
-            "auc_within_groups_mean_splits": self.within(),
-            "at_threshold": report["at_threshold"],
-        }
-        name = f"{other.name}_model"
-        out[name] = {**report[name], "mean_splits": {k: self.mean(name, k) for k in ("auc", "apgr")}}  # fmt: skip
-        return out
+    def print(self) -> None:
+        assert self.lofo is not None and self.in_dist is not None
+        print(f"\n{self.name} serving: tuned on dev {self.tuning.get('l2')} L2, margin "
+              f"{self.margin}; test split {self.tiers()}", file=sys.stderr)  # fmt: skip
+        head = (
+            f"{'router':32} {'AUC':>6} {'95% CI':>13} {'APGR':>6} {'95% CI':>13}  pooled AUC  APGR"
+        )
+        for title, ev in (("held-out family (leave one out; mean over families)", self.lofo),
+                          ("in distribution (trained on dev; mean over families)", self.in_dist)):  # fmt: skip
+            print(f"\n{title}:\n{head}", file=sys.stderr)
+            for name, r in ev.routers.items():
+                print(f"{name:32} {_f(r['auc'])} {_ci(r['auc_ci'])} {_f(r['apgr'])} {_ci(r['apgr_ci'])}"
+                      f"  {_f(r['auc_pooled']):>10} {_f(r['apgr_pooled'])}", file=sys.stderr)  # fmt: skip
+            b = ev.best_baseline["apgr"]
+            print(f"best baseline on APGR: {b['name']} {_f(b['value'])}; classifier minus it "
+                  f"{_f(b['classifier_minus_best'])} {_ci(b['classifier_minus_best_ci'])}", file=sys.stderr)  # fmt: skip
+        print("\nper held-out family (AUC / APGR): classifier | group lookup | length threshold"
+              " | needs full, mean score, sent to full", file=sys.stderr)  # fmt: skip
+        for fam, rows in self.lofo.per_set.items():
+            cells = " | ".join(f"{_f(rows[n]['auc'])} / {_f(rows[n]['apgr'])}"
+                               for n in ("classifier", "group_lookup", "length_threshold"))  # fmt: skip
+            r = self.rates["families"][fam]
+            print(f"  {fam:32} {cells} | {r['needs_full']:4.0%} {r['mean_score']:5.2f} {r['to_full']:4.0%}", file=sys.stderr)  # fmt: skip
+        print(f"rank correlation over held-out families of 'needs full' and the mean score: "
+              f"{self.rates['spearman_needs_full_vs_score']:.2f}", file=sys.stderr)  # fmt: skip
+        at = self.at_threshold()
+        print(f"at the dev-chosen threshold {at['threshold']:.3f}: {at['full_share']:.0%} of test "
+              f"steps on full, PGR {at['pgr']:.2f}", file=sys.stderr)  # fmt: skip
 
-
-def tier_sums(covered: list[Example], base: list[Example]) -> dict[str, dict[str, float]]:
-    """Per source, the summed scores of both tiers in another outcome file and of the fast
-    tier of ``base`` (the shipped outcomes of the same regime) on the same tasks: how another
-    fast tier compares, task by task."""
-    fast_before = {e.id: e.fast for e in base}
-    sums: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(
-        ("tasks", "full", "fast", "fast_outcomes"), 0.0))  # fmt: skip
-    for e in covered:
-        for name in (e.id.split("/")[0], "all"):
-            row = sums[name]
-            row["tasks"] += 1
-            row["full"] += e.full
-            row["fast"] += e.fast
-            row["fast_outcomes"] += fast_before[e.id]
-    return {k: {f: round(v, 2) for f, v in row.items()} for k, row in sorted(sums.items())}
-
-
-def repeatability(covered: list[Example], base: list[Example], margin: float) -> dict[str, Any]:
-    """How well the labels of ``base`` (the shipped outcomes) repeat in ``covered`` (the same
-    tasks collected again in the same regime: another run, day or machine): the share of
-    tasks labelled alike, and the AUC against the new labels of a router that scored every
-    task by its label in ``base``: what the labels' noise alone costs a router that learned
-    them perfectly."""
-    before = {e.id: e.label(margin) for e in base}
-    first = [before[e.id] for e in covered]
-    again = [e.label(margin) for e in covered]
-    alike = sum(a == b for a, b in zip(first, again, strict=True))
-    out: dict[str, Any] = {
-        "tasks": len(covered),
-        "label_agreement": round(alike / max(len(covered), 1), 4),
-        "positives": [sum(first), sum(again)],
-    }
-    try:
-        out["auc_known_labels"] = round(auc([float(a) for a in first], again), 4)
-    except ValueError:  # one class only among these tasks
-        out["auc_known_labels"] = None
-    return out
-
-
-def _how(path: Path) -> tuple[Any, Any]:
-    """How a file's answers were sampled: (answers per task, temperature)."""
-    h = header(path)
-    samples = h.get("samples", 1)
-    return samples, (0.0 if samples == 1 else h.get("temperature"))
+    def summary(self) -> dict[str, Any]:
+        assert self.lofo is not None and self.in_dist is not None
+        lofo, ind = self.lofo.routers, self.in_dist.routers
+        best, best_in = self.lofo.best_baseline["apgr"], self.in_dist.best_baseline["apgr"]
+        cls = lofo["classifier"]
+        rules = {
+            name: {"apgr_heldout_family": lofo[name]["apgr"], "auc_heldout_family": lofo[name]["auc"],
+                   "apgr_minus_classifier": _d(lofo[name]["apgr"], cls["apgr"]),
+                   "apgr_pooled_minus_classifier": _d(lofo[name]["apgr_pooled"], cls["apgr_pooled"])}
+            for name in CHAINS
+        }  # fmt: skip
+        return {
+            "auc_heldout_family": cls["auc"],
+            "auc_heldout_family_ci": cls["auc_ci"],
+            "apgr_heldout_family": cls["apgr"],
+            "apgr_heldout_family_ci": cls["apgr_ci"],
+            "apgr_best_baseline_heldout_family": best["value"],
+            "best_baseline_heldout_family": best["name"],
+            "apgr_minus_best_baseline_heldout_family_ci": best["classifier_minus_best_ci"],
+            "auc_heldout_family_pooled": cls["auc_pooled"],
+            "apgr_heldout_family_pooled": cls["apgr_pooled"],
+            "apgr_best_baseline_heldout_family_pooled": self.lofo.best_baseline["apgr_pooled"]["value"],
+            "best_baseline_heldout_family_pooled": self.lofo.best_baseline["apgr_pooled"]["name"],
+            "auc_test_split": ind["classifier"]["auc_pooled"],
+            "apgr_test_split": ind["classifier"]["apgr_pooled"],
+            "apgr_best_baseline_test_split": self.in_dist.best_baseline["apgr_pooled"]["value"],
+            "best_baseline_test_split": self.in_dist.best_baseline["apgr_pooled"]["name"],
+            "auc_test_split_within_families": ind["classifier"]["auc"],
+            "apgr_test_split_within_families": ind["classifier"]["apgr"],
+            "apgr_best_baseline_test_split_within_families": best_in["value"],
+            "routers_heldout_family": lofo,
+            "routers_test_split": ind,
+            "per_family_heldout": self.lofo.per_set,
+            "family_base_rates_heldout": self.rates,
+            "rules_heldout_family": rules,
+            "tuning": self.tuning,
+            "test_split": self.tiers(),
+            "at_threshold": self.at_threshold(),
+        }  # fmt: skip
 
 
-def check(
-    path: Path,
-    tasks: list[Task],
-    greedy: Regime,
-    sampled: Regime,
-    margin: float,
-    repeat: bool = False,
-) -> dict[str, Any]:
-    """Both seed-0 models on other outcomes (another temperature, any subset of the tasks):
-    AUC and APGR on the seed-0 held-out tasks those outcomes cover. With ``repeat`` (the
-    file collects a shipped regime again, with the same fast tier), also how well that
-    regime's labels repeat."""
-    rows = load(path)
-    held_out = {e.id for e in greedy.tests[0]}
-    covered = examples_from([t for t in tasks if t.key in rows], rows)
-    examples = [e for e in covered if e.id in held_out]
-    # the shipped fast tier's scores from the regime the file was collected in (sampled rows
-    # keep each answer's score; older files have no "samples" in their header)
-    was_sampled = any(len(r["fast"].get("scores", ())) > 1 for r in rows.values())
-    same_regime = sampled if was_sampled else greedy
-    out: dict[str, Any] = {"tasks": len(examples),
-                           "positives": sum(e.label(margin) for e in examples),
-                           "tiers": tier_sums(covered, same_regime.examples)}  # fmt: skip
-    if repeat:
-        assert same_regime.source is not None
-        if _how(path) != _how(same_regime.source):
-            raise SystemExit(
-                f"--repeat {path}: collected with (samples, temperature) {_how(path)}, the "
-                f"shipped {same_regime.name} outcomes with {_how(same_regime.source)}; "
-                "use --check for outcomes of another regime"
-            )
-        out["repeat"] = repeatability(covered, same_regime.examples, margin)
-    for regime in (greedy, sampled):
-        scores = [regime.models[0].predict(e.body).probability for e in examples]
-        try:
-            out[f"{regime.name}_model"] = metrics(scores, examples, margin)
-        except ValueError as exc:  # too few tasks: no positives, or no quality gap
-            raise SystemExit(f"--check {path}: {exc}") from None
-    return out
+def _f(v: float | None) -> str:
+    return "   n/a" if v is None else f"{v:6.3f}"
+
+
+def _ci(ci: list[float] | None) -> str:
+    return f"{'':>13}" if ci is None else f"[{ci[0]:.3f},{ci[1]:.3f}]"
+
+
+def _d(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else round(a - b, 4)
+
+
+def multi_step_examples(examples: list[Example]) -> int:
+    """Labelled examples that are a later step of a tool loop (a tool message, or more than
+    one user turn): none in the shipped outcomes."""
+
+    def later(body: Any) -> bool:
+        messages = body.get("messages") or []
+        roles = [m.get("role") for m in messages if isinstance(m, dict)]
+        return "tool" in roles or roles.count("user") > 1
+
+    return sum(1 for e in examples if later(e.body))
 
 
 def main() -> None:
@@ -352,90 +316,87 @@ def main() -> None:
         "--sampled-outcomes", type=Path, default=SAMPLED_OUT,
         help="outcomes sampled at T=0.7 (bench.router_outcomes --samples 4)",
     )  # fmt: skip
-    parser.add_argument("--write-model", type=Path, help="save the seed-0 greedy model here")
+    parser.add_argument("--write-model", type=Path, help="save the greedy dev-split model here")
     parser.add_argument(
-        "--write-sampled-model", type=Path, help="save the seed-0 sampled model here"
+        "--write-sampled-model", type=Path, help="save the sampled dev-split model here"
     )
     parser.add_argument("--write-examples", type=Path, help="save the greedy labelled set")
     parser.add_argument(
         "--check", type=Path, action="append", default=[],
         help="more outcomes (e.g. --samples 4 --temperature 0.3 --scale 0.25): both models on "
-        "their held-out tasks; repeatable",
+        "their test-split tasks; repeatable",
     )  # fmt: skip
     parser.add_argument(
         "--repeat", type=Path, action="append", default=[],
         help="a second collection of a shipped regime (same samples, temperature and fast "
         "tier; e.g. --scale 0.25): --check, and how well the labels repeat; repeatable",
     )  # fmt: skip
-    parser.add_argument("--plot", type=Path, help="PGR curves of every router (PNG)")
+    parser.add_argument("--plot", type=Path, help="PGR curves on the test split (PNG)")
     parser.add_argument("--plot-mix", type=Path, help="routing mix by task group (PNG)")
+    parser.add_argument("--bootstrap", type=int, default=BOOTSTRAP, help="bootstrap resamples")
     parser.add_argument(
-        "--margin", type=float, default=DEFAULT_MARGIN,
-        help="label 1 when the full score exceeds the fast score by more than this",
+        "--margin", type=float, default=None,
+        help=f"label margin for both regimes instead of choosing one of {MARGINS} on dev tasks",
     )  # fmt: skip
     parser.add_argument(
         "--quick", action="store_true",
-        help=f"one more split instead of {REPEATS}, L2 fixed at {QUICK_L2[0]}: a smoke run",
+        help=f"no tuning (margin {DEFAULT_MARGIN}, L2 {QUICK_L2[0]}), 50 resamples: a smoke run",
     )  # fmt: skip
     args = parser.parse_args()
 
     tasks = all_tasks()
-    greedy = Regime("greedy", examples_from(tasks, load(args.outcomes)))
-    sampled = Regime("sampled", examples_from(tasks, load(args.sampled_outcomes), SAMPLED_COMMAND))
+    locked = load_split()
+    if found := problems(locked, tasks):
+        raise SystemExit(f"the locked split does not match the tasks ({found[0]}; "
+                         f"{len(found)} in all): see python -m bench.router_split")  # fmt: skip
+    greedy = Regime("greedy", args.outcomes, examples_from(tasks, load(args.outcomes)), locked)
+    sampled = Regime("sampled", args.sampled_outcomes,
+                     examples_from(tasks, load(args.sampled_outcomes), SAMPLED_COMMAND), locked)  # fmt: skip
     if args.write_examples:
         write_examples(args.write_examples, greedy.examples)
     groups = Counter(e.group for e in greedy.examples)
-    print(f"{len(greedy.examples)} checkable tasks in {len(groups)} groups", file=sys.stderr)
+    print(f"{len(greedy.examples)} checkable tasks in {len(groups)} families; split "
+          f"{locked.sha256[:12]}: {len(locked.dev)} dev, {len(locked.test)} test", file=sys.stderr)  # fmt: skip
     for regime in (greedy, sampled):
         print(f"\n{regime.name} outcomes:", file=sys.stderr)
-        print_groups(regime.examples, args.margin)
+        print_groups(regime.examples, DEFAULT_MARGIN)
+        regime.run(args)
+        regime.print()
 
-    greedy.run(args, args.outcomes)
-    sampled.run(args, args.sampled_outcomes)
-    greedy.cross(sampled, args.margin)
-    sampled.cross(greedy, args.margin)
-    greedy.print(sampled)
-    sampled.print(greedy)
-
+    shipped = [Shipped(r.name, r.source, r.examples, r.model) for r in (greedy, sampled) if r.model]
     checks = {
-        _shown(path): check(path, tasks, greedy, sampled, args.margin, repeat=path in args.repeat)
+        _shown(path): check(path, tasks, shipped, locked.test, greedy.margin, examples_from,
+                            repeat=path in args.repeat)
         for path in [*args.check, *args.repeat]
-    }
+    }  # fmt: skip
     for name, c in checks.items():
-        print(f"\n{name}: {c['tasks']} held-out tasks, {c['positives']} labelled 'needs full'", file=sys.stderr)  # fmt: skip
+        print(f"\n{name}: {c['tasks']} test-split tasks, {c['positives']} labelled 'needs full'", file=sys.stderr)  # fmt: skip
         for model in ("greedy_model", "sampled_model"):
             print(f"  {model:14} AUC {c[model]['auc']:.3f}  APGR {c[model]['apgr']:.3f}", file=sys.stderr)  # fmt: skip
-        print(f"  {'tier scores':14} {'tasks':>5} {'full':>6} {'fast':>6} {'shipped fast':>18}", file=sys.stderr)  # fmt: skip
-        for source, t in c["tiers"].items():
-            print(f"  {source:14} {t['tasks']:5.0f} {t['full']:6.1f} {t['fast']:6.1f} {t['fast_outcomes']:18.1f}", file=sys.stderr)  # fmt: skip
         if "repeat" in c:
             r = c["repeat"]
-            known = "n/a" if r["auc_known_labels"] is None else f"{r['auc_known_labels']:.3f}"
-            print(f"  the same regime collected again: {r['tasks']} tasks, labels alike on "
-                  f"{r['label_agreement']:.1%} ('needs full' {r['positives'][0]} then "
-                  f"{r['positives'][1]}); AUC of the shipped labels as a router: {known}", file=sys.stderr)  # fmt: skip
+            print(f"  collected again: {r['tasks']} tasks, labels alike on {r['label_agreement']:.1%}, "
+                  f"AUC of the shipped labels as a router {r['auc_known_labels']}", file=sys.stderr)  # fmt: skip
 
-    mtbench = {r.name: mtbench_mix(r.models[0], tasks) for r in (greedy, sampled)}
+    assert greedy.model is not None and sampled.model is not None
+    mtbench = {r.name: mtbench_mix(m, tasks) for r, m in ((greedy, greedy.model), (sampled, sampled.model))}  # fmt: skip
     print(f"\nMT-Bench fast-tier share by category: {mtbench}", file=sys.stderr)
 
     for path, regime in ((args.write_model, greedy), (args.write_sampled_model, sampled)):
         if path:
-            write_model(regime.specs[0], path)
+            write_model(regime.spec, path)
     if args.plot:
-        plot(args.plot, greedy.models[0], greedy.tests[0], greedy.runs[0])
+        report = {k: {"apgr": v["apgr_pooled"]} for k, v in greedy.in_dist.routers.items()}  # type: ignore[union-attr]
+        plot(args.plot, greedy.model, greedy.test, report)
     if args.plot_mix:
-        plot_mix(args.plot_mix, greedy.models[0], greedy.tests[0], tasks)
+        plot_mix(args.plot_mix, greedy.model, greedy.test, tasks)
 
-    report = greedy.runs[0]
     summary = {
-        **greedy.summary(sampled),
+        **greedy.summary(),
+        "split_sha256": locked.sha256,
+        "multi_step_examples": multi_step_examples(greedy.examples),
         "mtbench_fast_share": mtbench,
-        "baselines": {k: report[k] for k in (*BASELINES, "random")},
-        "chains": {
-            k: {**report[k], "mean_splits": {m: greedy.mean(k, m) for m in ("auc", "apgr")}}
-            for k in CHAINS
-        },
-        "sampled": sampled.summary(greedy),
+        "sampled": sampled.summary(),
         "checks": checks,
     }
     print(json.dumps(summary))

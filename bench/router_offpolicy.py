@@ -3,12 +3,12 @@
     python -m bench.router_offpolicy [--explore 0.1,0.25,0.5] [--passes 3] [--seeds 3] [--quick]
 
 Production logs one tier's outcome per step. This simulates such a log from the real greedy
-outcomes of both embedded tiers (``bench.router_outcomes``): every task of the seed-0
-training split of ``bench.router_eval`` is routed ``--passes`` times (traffic repeats) by the
+outcomes of both embedded tiers (``bench.router_outcomes``): every task of the dev
+side of the locked split (``bench.router_split``) is routed ``--passes`` times (traffic repeats) by the
 shipped greedy classifier with ``explore`` set (the real policy; each pass is another
 session, so another exploration coin); the log keeps the chosen tier, its propensity and
 that tier's checked score as the reward. ``router.offpolicy`` (what ``gearshift router train
---from-store`` runs) trains on the log, and the model is scored on the held-out 30% against
+--from-store`` runs) trains on the log, and the model is scored on the locked test tasks against
 the full-information labels, next to:
 
 * the full-information model (``router.training`` on both tiers' outcomes of the same
@@ -35,12 +35,13 @@ import numpy as np
 
 from bench.router_eval import examples_from
 from bench.router_outcomes import DEFAULT_OUT, load
+from bench.router_split import load as load_split
 from bench.router_tasks import all_tasks
 from router.classifier import Classifier
 from router.offpolicy import Logged, fit_logged
 from router.policy import build_policy
 from router.report import metrics
-from router.training import DEFAULT_MARGIN, Example, fit, split
+from router.training import DEFAULT_MARGIN, Example, fit
 from router.types import RouteRequest, Tier
 
 
@@ -79,7 +80,11 @@ def main() -> None:
         args.explore, args.passes, args.seeds = "0.25", 1, 1
 
     examples = examples_from(all_tasks(), load(DEFAULT_OUT))
-    train, test = split(examples, 0.3, 0)
+    locked = (
+        load_split()
+    )  # the shipped model was trained on the dev side: log that, test on the rest
+    train = [e for e in examples if e.id in locked.dev]
+    test = [e for e in examples if e.id in locked.test]
     print(f"{len(train)} training tasks, {len(test)} held out", file=sys.stderr)
     full_info = held_out(fit(train, l2_grid=(args.l2,)), test)
     logging = held_out(Classifier.load().spec, test)  # the shipped greedy model

@@ -328,16 +328,16 @@ def mtbench_tasks() -> Iterator[Task]:
 
 
 def trivia_tasks() -> Iterator[Task]:
-    """Short exact-answer questions (bench.tiers): the chat traffic that is not a benchmark."""
+    """Short exact-answer questions (bench.tiers): the chat traffic that is not a benchmark.
+    Scored by ``bench.router_scoring.exact_answer`` since 2026-12-02 (before: substring
+    containment, which counted "100" as the answer "0"; the cached outcomes of these 20
+    tasks were scored that way and keep their scores until collected again)."""
+    from bench.router_scoring import exact_answer
     from bench.tiers import QUESTIONS
 
     for i, (question, answer) in enumerate(QUESTIONS):
         body = {"messages": [{"role": "user", "content": question}], "max_tokens": 64}
-        yield Task(f"trivia/{i}", "trivia", "exact_answer", None, body, _contains(answer))
-
-
-def _contains(answer: str) -> Callable[[dict[str, Any]], float]:
-    return lambda message: float(answer.lower() in (message.get("content") or "").lower())
+        yield Task(f"trivia/{i}", "trivia", "exact_answer", None, body, exact_answer(answer))
 
 
 def all_tasks(scale: float = 1.0) -> list[Task]:

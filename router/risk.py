@@ -9,7 +9,10 @@ The class of a tool comes from, in order: the ``risk`` map in the policy's confi
 policy); the verb its name starts with (``delete_*``, ``deleteUser``, ``send_*``,
 ``update_*``...). A name with no known verb is read-only: annotate such tools in ``risk``.
 The pending call is the named ``tool_choice`` when there is one, no call for ``"none"``,
-and otherwise the riskiest tool offered.
+and otherwise the riskiest tool offered: with ``"required"`` a call is certain (one of the
+offered tools); without a ``tool_choice`` (or ``"auto"``) the step may as well answer in
+text, so that case counts only when ``offered`` is true (the rules policy's opt-in
+``risky_offered``: a tool list says what an agent may do, not what this step does).
 """
 
 from __future__ import annotations
@@ -60,15 +63,19 @@ def _name(tool: object) -> str | None:
 
 
 def pending(
-    body: Mapping[str, Any], overrides: Mapping[str, Risk] | None = None
+    body: Mapping[str, Any], overrides: Mapping[str, Risk] | None = None, offered: bool = True
 ) -> tuple[Risk, str] | None:
-    """(risk class, tool name) of the riskiest call this step may make, or None."""
+    """(risk class, tool name) of the riskiest call this step may make, or None. With
+    ``offered`` false, only a call the request forces counts (a named or ``"required"``
+    ``tool_choice``)."""
     choice = body.get("tool_choice")
     if choice == "none":
         return None
     named = _name(choice) if isinstance(choice, Mapping) else None
     if named is not None:
         return classify(named, overrides), named
+    if not offered and choice != "required":
+        return None
     tools = body.get("tools")
     if not isinstance(tools, Sequence) or isinstance(tools, str):
         return None

@@ -1,14 +1,16 @@
 """Rules that force the full tier, in front of another policy.
 
-The full tier is forced for a step whose pending tool call is mutating or destructive
-(``router.risk``: a pruned model's wrong arguments to ``delete_branch`` cost data, not a
-retry), that is about code or math (pruned models lose these first; REFERENCES.md), that
+The full tier is forced for a step that must call a mutating or destructive tool (a named
+or ``"required"`` ``tool_choice``; ``router.risk``: a pruned model's wrong arguments to
+``delete_branch`` cost data, not a retry) — or, with the opt-in ``risky_offered``, for any
+step that is merely offered such a tool —, that is about code or math (pruned models lose these first; REFERENCES.md), that
 asks for a high reasoning effort, or that follows a failed tool call in the same tool loop
 (a fast tier that just failed should not try again); every other step goes to the ``base``
 policy. Each rule can be turned off:
 
     router: {policy: rules, params: {base: classifier, base_params: {},
-                                     risky_tools: true, risk: {archive_ticket: mutating},
+                                     risky_tools: true, risky_offered: false,
+                                     risk: {archive_ticket: mutating},
                                      code: true, math: true, effort: true, tool_error: true}}
 """
 
@@ -41,6 +43,9 @@ class RulesParams:
     base: str = "length_threshold"  # the policy that decides when no rule applies
     base_params: Mapping[str, object] | None = None
     risky_tools: bool = True
+    # also when the risky tool is only offered (no forced call): off since 2026-12-02, it
+    # fired on every step of an agent whose tool list holds one (docs/decisions/)
+    risky_offered: bool = False
     risk: RiskMap | None = None  # tool name -> risk class, over ``router.risk``'s own
     code: bool = True
     math: bool = True
@@ -64,6 +69,7 @@ class Rules:
     enabled: tuple[Rule, ...]
     risky_tools: bool = True
     risk: Mapping[str, tool_risk.Risk] = field(default_factory=dict)
+    risky_offered: bool = False
     name: str = "rules"
 
     def parts(self) -> tuple[object, ...]:
@@ -72,7 +78,7 @@ class Rules:
     def decide(self, request: RouteRequest) -> Decision:
         features = request.analysis.step.features
         if self.risky_tools:
-            found = tool_risk.pending(request.body, self.risk)
+            found = tool_risk.pending(request.body, self.risk, self.risky_offered)
             if found is not None and found[0] in FORCING_RISKS:
                 why = f"rule risky_tools: a {found[0]} tool call may follow ({found[1]})"
                 return Decision(Tier.FULL, why, self.name, 1.0, features, analysis=request.analysis)
@@ -96,4 +102,4 @@ class Rules:
 def _build(params: Params) -> Policy:
     p = parse_params(RulesParams, params, "rules")
     base = build_policy(p.base, p.base_params or {})
-    return Rules(base, p.enabled, p.risky_tools, dict(p.risk or {}))
+    return Rules(base, p.enabled, p.risky_tools, dict(p.risk or {}), p.risky_offered)

@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from bench.router_eval import _how, repeatability, tier_sums
+from bench.router_checks import how as _how
+from bench.router_checks import repeatability, tier_sums
 from router.training import Example
 
 

@@ -79,9 +79,12 @@ def test_auto_routes_with_the_trained_policy_and_explains(real_stack):
     assert raw.parse().model == {"full": FULL, "fast": FAST}[tier]
     tools = [{"type": "function", "function": {"name": "delete_branch", "parameters": {
         "type": "object", "properties": {"name": {"type": "string"}}}}}]  # fmt: skip
+    # a step forced to call a destructive tool goes to full (merely offering it does not)
+    forced = {"type": "function", "function": {"name": "delete_branch"}}
     risky = real_stack.client().chat.completions.with_raw_response.create(
-        model="auto", messages=QUESTION, tools=tools, max_tokens=8, temperature=0
-    )
+        model="auto", messages=QUESTION, tools=tools, tool_choice=forced, max_tokens=8,
+        temperature=0,
+    )  # fmt: skip
     assert risky.headers["x-gearshift-tier"] == "full"
     assert risky.headers["x-gearshift-route-reason"].startswith("rule risky_tools:")
 

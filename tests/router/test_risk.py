@@ -40,18 +40,40 @@ def test_pending_call_is_the_named_choice_or_the_riskiest_offered():
     assert pending({"tools": "junk"}) is None and pending({"tools": [1, {}]}) is None
 
 
-def test_rules_send_risky_steps_to_full_and_say_which_tool():
+def test_without_offered_only_a_forced_call_counts():
+    tools = [tool("get_weather"), tool("drop_table")]
+    assert pending({"tools": tools}, offered=False) is None
+    assert pending({"tools": tools, "tool_choice": "auto"}, offered=False) is None
+    assert pending({"tools": tools, "tool_choice": "required"}, offered=False) == ("destructive", "drop_table")  # fmt: skip
+    named = {"type": "function", "function": {"name": "drop_table"}}
+    assert pending({"tools": tools, "tool_choice": named}, offered=False) == ("destructive", "drop_table")  # fmt: skip
+
+
+def test_rules_send_forced_risky_calls_to_full_and_say_which_tool():
     policy = build_policy("rules", {"base": "always_fast"})
-    body = {"messages": [{"role": "user", "content": "clean up"}], "tools": [tool("delete_branch")]}
-    d = policy.decide(RouteRequest("chat", body))
+    offered = {"messages": [{"role": "user", "content": "clean up"}], "tools": [tool("delete_branch")]}  # fmt: skip
+    # an agent that is merely offered a destructive tool is not forced to full by default
+    assert policy.decide(RouteRequest("chat", offered)).tier is Tier.FAST
+    forced = {**offered, "tool_choice": {"type": "function", "function": {"name": "delete_branch"}}}
+    d = policy.decide(RouteRequest("chat", forced))
     assert d.tier is Tier.FULL
     assert d.reason == "rule risky_tools: a destructive tool call may follow (delete_branch)"
-    safe = {**body, "tools": [tool("get_weather")]}
+    required = {**offered, "tool_choice": "required"}
+    assert policy.decide(RouteRequest("chat", required)).tier is Tier.FULL
+    safe = {**required, "tools": [tool("get_weather")]}
     assert policy.decide(RouteRequest("chat", safe)).tier is Tier.FAST
     off = build_policy("rules", {"base": "always_fast", "risky_tools": False})
-    assert off.decide(RouteRequest("chat", body)).tier is Tier.FAST
+    assert off.decide(RouteRequest("chat", forced)).tier is Tier.FAST
     annotated = build_policy("rules", {"base": "always_fast", "risk": {"get_weather": "mutating"}})
     assert annotated.decide(RouteRequest("chat", safe)).tier is Tier.FULL
+
+
+def test_risky_offered_is_opt_in():
+    policy = build_policy("rules", {"base": "always_fast", "risky_offered": True})
+    offered = {"messages": [{"role": "user", "content": "hi"}], "tools": [tool("delete_branch")]}
+    assert policy.decide(RouteRequest("chat", offered)).tier is Tier.FULL
+    with pytest.raises(PolicyError, match="risky_offered"):
+        build_policy("rules", {"risky_offered": "yes"})
 
 
 def test_bad_risk_map_is_named():
