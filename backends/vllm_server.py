@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvplugin.config import ENV_VAR as KV_COMPACTION_ENV
+from kvplugin.config import CompactionConfig as CompactionConfig  # re-exported for the CLI
+
 # Offline, no telemetry, loopback only: the embedded stack never reaches a hub.
 BASE_ENV: Mapping[str, str] = {
     "HF_HUB_OFFLINE": "1",
@@ -53,6 +56,8 @@ class VllmServerSpec:
     tool_call_parser: str = "hermes"
     dtype: str = "bfloat16"
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+    # KV-cache compaction by Gearshift's vLLM plugin (kvplugin); None or disabled: off
+    kv_compaction: CompactionConfig | None = None
 
     @property
     def base_url(self) -> str:
@@ -92,13 +97,33 @@ def command(spec: VllmServerSpec, python: Path) -> list[str]:
     ]
     if spec.speculative is not None:
         args += ["--speculative-config", json.dumps(dict(spec.speculative), separators=(",", ":"))]
-    return [*args, *spec.extra_args]
+    return [*args, *compaction_args(spec), *spec.extra_args]
+
+
+def compaction_args(spec: VllmServerSpec) -> list[str]:
+    """The plugin's scheduler, of the kind vLLM would pick itself: the asynchronous one,
+    except with ngram speculation, which vLLM runs synchronously. The async mode is set
+    explicitly so class and mode cannot disagree (a synchronous subclass would silently
+    turn async scheduling off; docs/kv-compaction.md)."""
+    if spec.kv_compaction is None or not spec.kv_compaction.enabled:
+        return []
+    if spec.speculative is not None and spec.speculative.get("method") == "ngram":
+        return [
+            "--scheduler-cls",
+            "kvplugin.scheduler.CompactingScheduler",
+            "--no-async-scheduling",
+        ]
+    return ["--scheduler-cls", "kvplugin.scheduler.CompactingAsyncScheduler", "--async-scheduling"]
 
 
 def environment(spec: VllmServerSpec, base: Mapping[str, str]) -> dict[str, str]:
     env = {**base, **BASE_ENV}
     if spec.cpu_bind is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_bind
+    if spec.kv_compaction is not None and spec.kv_compaction.enabled:
+        env[KV_COMPACTION_ENV] = spec.kv_compaction.to_env()
+    else:
+        env.pop(KV_COMPACTION_ENV, None)  # the plugin stays idle
     return env
 
 

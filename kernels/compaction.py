@@ -210,8 +210,9 @@ def _copy_tokens_torch(
         c = _as_flash(cache, layout)
         active = src_pos[layer] >= 0
         s, d, h = src_pos[layer][active], dst_pos[layer][active], heads[active]
-        rows = c[:, src_table[s // bs].long(), s % bs, h]  # [2, n, dim] (a copy)
-        c[:, dst_table[d // bs].long(), d % bs, h] = rows
+        src_blocks, dst_blocks = src_table[s // bs].long(), dst_table[d // bs].long()
+        for half in c:  # key, value: one at a time, so a view whose halves alias works too
+            half[dst_blocks, d % bs, h] = half[src_blocks, s % bs, h]  # the source is read first
 
 
 def gather_tokens(

@@ -17,7 +17,7 @@ from typing import Any
 from backends.family import check_same_family, fingerprint
 from backends.provision import DEFAULT_MODEL, PruneOptions, provision, provision_pruned
 from backends.supervisor import Supervisor
-from backends.vllm_server import VllmServerSpec, cpu_binds, ngram_speculation
+from backends.vllm_server import CompactionConfig, VllmServerSpec, cpu_binds, ngram_speculation
 from gateway.config import EmbeddedSettings, RouterSettings, TierSettings
 from router.classifier import Classifier
 from router.policy import PolicyError, build_policy, parts
@@ -156,6 +156,10 @@ def build_stack(settings: EmbeddedSettings) -> EmbeddedStack:
         dtype=settings.dtype,
     )
     fast, description = _fast_spec(settings, full, binds[1])
+    # KV-cache compaction per tier (docs/kv-compaction.md); off unless configured
+    compaction = settings.kv_compaction
+    full = replace(full, kv_compaction=CompactionConfig(**compaction.full.model_dump()))
+    fast = replace(fast, kv_compaction=CompactionConfig(**compaction.fast.model_dump()))
     log.info("fast tier: %s", description)
     supervisor = Supervisor(
         [full, fast],

@@ -1,0 +1,85 @@
+"""The plugin's pure parts, in the gateway's environment: the budget arithmetic both vLLM
+processes share, and compaction through the views of vLLM's CPU cache layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvplugin.compact import compact_in_place, cpu_cache_views
+from kvplugin.config import ENV_VAR, CompactionConfig, CompactionConfigError
+
+
+def test_kept_tokens() -> None:
+    cfg = CompactionConfig(enabled=True, trigger_tokens=1000, budget=0.5, window=32, sinks=4)
+    assert cfg.kept_tokens(1000) == 1000  # not longer than the trigger
+    assert cfg.kept_tokens(1001) == 501  # ceil(0.5 * 1001)
+    assert CompactionConfig(enabled=True, trigger_tokens=10, budget=512).kept_tokens(4000) == 512
+    assert CompactionConfig(enabled=True, trigger_tokens=10, budget=0.01).kept_tokens(100) == 36
+    assert CompactionConfig(enabled=False, trigger_tokens=10).kept_tokens(4000) == 4000
+
+
+def test_env_round_trip_and_errors() -> None:
+    cfg = CompactionConfig(enabled=True, trigger_tokens=300, budget=200, per_head=True)
+    assert CompactionConfig.from_env({ENV_VAR: cfg.to_env()}) == cfg
+    assert CompactionConfig.from_env({}) == CompactionConfig()
+    for bad in ('{"budget": 0}', '{"budget": 2.5}', '{"budget": 10}', '{"nope": 1}', "[1]", "{"):
+        with pytest.raises(CompactionConfigError):
+            CompactionConfig.from_env({ENV_VAR: bad})
+
+
+def cpu_layout_cache(blocks: int, heads: int, block_size: int, dim: int) -> torch.Tensor:
+    """A random cache in vLLM's CPU layout: per (block, head) keys as [dim, block_size], then
+    values as [block_size, dim], in a [blocks, heads, block_size, 2 * dim] tensor."""
+    return torch.randn(blocks, heads, block_size, 2 * dim)
+
+
+def key_of(cache: torch.Tensor, block: int, head: int, slot: int) -> torch.Tensor:
+    bs, dim = cache.shape[2], cache.shape[3] // 2
+    return cache[block, head].reshape(-1)[: bs * dim].view(dim, bs)[:, slot]
+
+
+def value_of(cache: torch.Tensor, block: int, head: int, slot: int) -> torch.Tensor:
+    bs, dim = cache.shape[2], cache.shape[3] // 2
+    return cache[block, head].reshape(-1)[bs * dim :].view(bs, dim)[slot]
+
+
+def test_views_address_the_cpu_layout() -> None:
+    cache = cpu_layout_cache(5, 2, 32, 64)
+    keys, values = cpu_cache_views(cache)
+    assert keys.shape == values.shape == (2, 5, 32, 2, 64)
+    for block, head, slot in ((0, 0, 0), (3, 1, 17), (4, 0, 31)):
+        assert torch.equal(keys[0, block, slot, head], key_of(cache, block, head, slot))
+        assert torch.equal(keys[1, block, slot, head], key_of(cache, block, head, slot))
+        assert torch.equal(values[0, block, slot, head], value_of(cache, block, head, slot))
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_compaction_in_the_cpu_layout(per_head: bool) -> None:
+    torch.manual_seed(0)
+    layers = [cpu_layout_cache(8, 2, 32, 64) for _ in range(3)]
+    before = [c.clone() for c in layers]
+    views = [cpu_cache_views(c) for c in layers]
+    table = torch.tensor([6, 2, 7, 0, 5], dtype=torch.int32)  # 150 tokens in 5 blocks
+    cfg = CompactionConfig(
+        enabled=True, trigger_tokens=100, budget=70, window=8, sinks=4, per_head=per_head
+    )
+    result = compact_in_place(
+        [k for k, _ in views], table, 150, torch.randn(3, 8, 4, 64), cfg.kept_tokens(150), cfg,
+        value_caches=[v for _, v in views],
+    )  # fmt: skip
+    assert result.new_length == 70 and result.freed_blocks == [0, 5]
+    heads = 2 if per_head else 1
+    assert result.kept.shape == (3, heads, 70)
+    for layer in range(3):
+        for h in range(2):
+            row = result.plan.positions[layer, h if per_head else 0]
+            assert sorted(row.tolist()) == result.kept[layer, h if per_head else 0].tolist()
+            assert set(range(4)) | set(range(142, 150)) <= set(row.tolist())  # sinks, window
+            for slot, src in enumerate(row.tolist()):
+                args = (h, slot % 32)
+                dst_block, src_block = int(table[slot // 32]), int(table[src // 32])
+                assert torch.equal(key_of(layers[layer], dst_block, *args),
+                                   key_of(before[layer], src_block, h, src % 32))  # fmt: skip
+                assert torch.equal(value_of(layers[layer], dst_block, *args),
+                                   value_of(before[layer], src_block, h, src % 32))  # fmt: skip
