@@ -67,6 +67,8 @@ def convert(gguf: Path, out: Path, template: str) -> None:
     (tmp / "gearshift-source.json").write_text(
         json.dumps({"gguf": gguf.name, "sha256": sha256(gguf)}, indent=2)
     )
+    for f in tmp.rglob("*"):  # save_pretrained writes 0600; a tier may run as another user
+        f.chmod(0o755 if f.is_dir() else 0o644)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     emit("done", seconds=round(time.monotonic() - started, 1), path=str(out))

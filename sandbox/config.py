@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from sandbox.policy import Egress, Grant, Policy, ResourceClass, Risk
 from sandbox.protocol import FaultPlan
@@ -84,6 +84,15 @@ class SandboxConfig(Section):
     token: SecretStr | None = Field(
         default=None, description="shared secret of gateway and sandbox; generated when unset"
     )
+
+    @field_validator("token")
+    @classmethod
+    def _real_secret(cls, v: SecretStr | None) -> SecretStr | None:
+        """A masked dump of a secret (``**********``) is never a token."""
+        if v is not None and set(v.get_secret_value()) <= {"*"}:
+            raise ValueError("the sandbox token is a masked placeholder, not a secret")
+        return v
+
     socket: Path | None = Field(default=None, description="Unix socket to listen on")
     host: str = "127.0.0.1"
     port: int = Field(default=8200, gt=0, lt=65536)

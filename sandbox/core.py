@@ -32,6 +32,7 @@ import orjson
 from sandbox.config import SandboxConfig
 from sandbox.errors import (
     InvalidArguments,
+    RuntimeUnavailable,
     SessionExists,
     SessionNotFound,
     ToolRefused,
@@ -80,7 +81,14 @@ class Sandbox:
         q = config.workspace
         self.workspaces = Workspaces(config.root, config.uid, config.gid, q.each(), q.tenant())
         # Workspaces a previous service left (it crashed, or was killed) are mounted still.
-        if stale := sweep(config.root):
+        try:
+            stale = sweep(config.root)
+        except PermissionError as exc:  # not root: say so, not a traceback
+            raise RuntimeUnavailable(
+                f"cannot clear old workspaces under {config.root} ({exc}); the sandbox "
+                "service runs as root (it mounts workspaces and sets up cgroups)"
+            ) from None
+        if stale:
             log.info("removed %d workspaces left under %s", stale, config.root)
 
     # -- sessions ------------------------------------------------------------

@@ -58,8 +58,13 @@ class SandboxProcess:
 
 
 def write_section(config: SandboxConfig, **override: str) -> Path:
-    """The ``sandbox`` section as a private YAML file (mode 0600: the token is in it)."""
-    section = config.model_dump(mode="json") | override
+    """The ``sandbox`` section as a private YAML file (mode 0600: the token is in it).
+
+    The token is written as itself: a plain dump writes a ``SecretStr`` as ``**********``,
+    which would make that string the service's shared secret."""
+    section = config.model_dump(mode="json")
+    section["token"] = config.token.get_secret_value() if config.token is not None else None
+    section |= override
     fd, name = tempfile.mkstemp(prefix="gearshift-sandbox-", suffix=".yaml")
     with os.fdopen(fd, "w") as f:
         yaml.safe_dump({"sandbox": section}, f)

@@ -49,3 +49,21 @@ async def test_the_sandbox_service_starts_without_the_gateways_environment_and_d
             await sandbox.stop()
     finally:
         os.close(planted)
+
+
+def test_the_standalone_sandbox_gets_the_configured_token_not_its_mask():
+    """``gearshift sandbox --config`` writes the section for the service: a plain dump would
+    write the SecretStr as ``**********``, and that string would become the secret."""
+    import yaml
+
+    from gateway.cli.sandbox_process import write_section
+
+    path = write_section(SandboxConfig(token="a-real-shared-secret-42"))
+    try:
+        written = yaml.safe_load(path.read_text())["sandbox"]
+        assert written["token"] == "a-real-shared-secret-42"
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
+    finally:
+        path.unlink()
+    with pytest.raises(ValueError, match="masked placeholder"):
+        SandboxConfig(token="**********")
