@@ -88,6 +88,7 @@ def provision(home: Path, python: Path, source: ModelSource = DEFAULT_MODEL) -> 
     out = home / "models" / f"{source.name}-{digest[:12]}"
     if (out / COMPLETE_MARKER).exists():
         log.info("default model cached at %s", out)
+        readable(out)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tqdm(total=1, desc=f"converting {source.name} to safetensors", unit="model") as bar:
@@ -186,6 +187,7 @@ def provision_pruned(home: Path, python: Path, full_dir: Path, options: PruneOpt
     out = home / "models" / f"{full_dir.name}-pruned-{key.hexdigest()[:10]}"
     if (out / COMPLETE_MARKER).exists():
         log.info("fast-tier model cached at %s", out)
+        readable(out)
         return out
     took = (
         "about 15 minutes" if shipped else "up to 25 minutes" if options.self_written
@@ -205,5 +207,15 @@ def provision_pruned(home: Path, python: Path, full_dir: Path, options: PruneOpt
         args += ["--self-data", str(shared)]
     if run_pruning(python, args) != 0:
         raise ProvisionError("pruning the fast-tier model failed; see the output above")
+    readable(out)
     (out / COMPLETE_MARKER).write_text(key.hexdigest() + "\n")
     return out
+
+
+def readable(folder: Path) -> None:
+    """A checkpoint readable by a tier that runs as another user (a container's): the
+    weights writer makes 0600 files. Done here, not in the pruning script, whose bytes are
+    part of the fast tier's cache key."""
+    for f in folder.rglob("*"):
+        if f.is_file() and f.stat().st_mode & 0o044 != 0o044:
+            f.chmod(0o644)

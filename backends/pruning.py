@@ -395,8 +395,6 @@ def write_checkpoint(
     (tmp / REPORT).write_text(json.dumps(report, indent=2))
     if heal_data.exists():
         heal_data.rename(tmp / HEAL_DATA)
-    for f in tmp.rglob("*"):  # save_pretrained writes 0600; a tier may run as another user
-        f.chmod(0o755 if f.is_dir() else 0o644)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
 

@@ -33,7 +33,7 @@ def gateway(make_stack):
     yield stack, upstream
     # Whatever came before, the gateway still answers.
     r = httpx.post(stack.url + "/v1/chat/completions", json={"model": "full", "messages": MESSAGES})
-    assert r.status_code == 200
+    assert r.status_code == 200, r.text  # the error says which (e.g. a replica marked down)
 
 
 def post(stack, content: bytes | str, path: str = "/v1/chat/completions", **kw) -> httpx.Response:
