@@ -90,6 +90,9 @@ def compute(
     if tenant is not None:
         where.append(sessions.c.tenant_id == tenant)
 
+    # Every aggregate below is over the window's sessions only: the cost follows the window,
+    # not the size of the store.
+    in_window = select(sessions.c.id).where(*where).scalar_subquery()
     # Per session: its model calls, how many ran on the fast tier, how many timed out.
     first_choice = steps.c.choice_index == 0
     per_step = (
@@ -99,7 +102,7 @@ def compute(
             func.sum(case((steps.c.tier == "fast", 1), else_=0)).label("fast"),
             func.sum(case((steps.c.status == 504, 1), else_=0)).label("model_timeouts"),
         )
-        .where(first_choice)
+        .where(first_choice, steps.c.session_id.in_(in_window))
         .group_by(steps.c.session_id)
         .subquery()
     )
@@ -122,13 +125,17 @@ def compute(
                 )
             ).label("timeouts"),
         )
-        .where(answered)
+        .where(answered, tool_calls.c.session_id.in_(in_window))
         .group_by(tool_calls.c.session_id)
         .subquery()
     )
     per_reward = (
         select(rewards.c.session_id.label("sid"), func.max(rewards.c.value).label("outcome"))
-        .where(rewards.c.scope == "session", rewards.c.name == "outcome")
+        .where(
+            rewards.c.scope == "session",
+            rewards.c.name == "outcome",
+            rewards.c.session_id.in_(in_window),
+        )
         .group_by(rewards.c.session_id)
         .subquery()
     )
@@ -138,6 +145,7 @@ def compute(
             func.count().label("n"),
             func.sum(feedback.c.score).label("total"),
         )
+        .where(feedback.c.session_id.in_(in_window))
         .group_by(feedback.c.session_id)
         .subquery()
     )
@@ -145,7 +153,7 @@ def compute(
     # the routing version of a session: its first step's (a canary is sticky per session)
     first_seq = (
         select(steps.c.session_id.label("sid"), func.min(steps.c.seq).label("seq"))
-        .where(first_choice)
+        .where(first_choice, steps.c.session_id.in_(in_window))
         .group_by(steps.c.session_id)
         .subquery()
     )
