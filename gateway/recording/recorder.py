@@ -233,6 +233,20 @@ class Recorder:
 
         return await asyncio.get_running_loop().run_in_executor(self._thread, run)
 
+    async def read(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn(conn)`` on a connection of its own in a worker thread: for reads that
+        may take a while (reports, the dashboard, the agent metrics) and must hold up
+        neither the steps' writer nor the ordered operations of ``direct``."""
+        if self._closing or self._task is None or self.engine is None:
+            raise RecorderClosed("the trajectory store is not running")
+        engine = self.engine
+
+        def run() -> T:
+            with engine.connect() as conn:
+                return fn(conn)
+
+        return await asyncio.to_thread(run)
+
     # -- the consumer -----------------------------------------------------
 
     async def _consume(self) -> None:

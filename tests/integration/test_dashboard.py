@@ -300,3 +300,12 @@ def test_an_operator_answers_the_approval_queue_in_the_browser(make_stack, tmp_p
         )  # fmt: skip
         assert done[1].type == "mcp_call" and done[1].status == "failed"
         assert done[1].output == "error: denied: the call was not approved (by operator:ops)"
+
+
+def test_without_a_store_the_pages_say_so(make_stack):
+    stack = make_stack([FakeUpstream()], store={"enabled": False})
+    for page in ("/dashboard", "/dashboard/sessions", "/dashboard/approvals"):
+        r = httpx.get(stack.url + page)
+        assert r.status_code == 503 and "trajectory store" in r.text, page
+    r = httpx.get(stack.url + "/admin/v1/agent-metrics")
+    assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"

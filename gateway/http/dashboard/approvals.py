@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
@@ -44,13 +43,7 @@ def register(router: APIRouter, board: base.Dashboard) -> None:
         reason = (fields.get("reason") or "").strip()[:4096] or None
         decision = decision_item(ident[:64], approve, reason, f"operator:{who.key_name}")
         try:
-            engine = board.engine()
-
-            def write() -> Any:
-                with engine.begin() as conn:
-                    return stored.decide(conn, ident[:64], decision)
-
-            done = await asyncio.to_thread(write)
+            done = await board.write(lambda conn: stored.decide(conn, ident[:64], decision))
         except NotFound as exc:
             return base.render("base.html", 404, who=who, page="approvals", error=str(exc))
         except GatewayError as exc:

@@ -3,14 +3,12 @@ the same-origin check of forms."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from fastapi import Request
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from sqlalchemy import Engine
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from gateway.auth import Principal
@@ -21,6 +19,7 @@ from gateway.errors import (
     StoreUnavailable,
 )
 from gateway.pipeline.services import Services
+from gateway.recording.recorder import Recorder, RecorderClosed
 
 COOKIE = "gearshift_dashboard"
 COOKIE_HOURS = 8
@@ -72,20 +71,27 @@ class Dashboard:
             raise PermissionDenied("the dashboard is for admin keys")
         return who
 
-    def engine(self) -> Engine:
-        recorder = self.services.recorder
-        if recorder is None or recorder.engine is None:
-            raise StoreUnavailable("the dashboard reads the trajectory store, which is not running")
-        return recorder.engine
+    async def read(self, fn: Any, *args: Any) -> Any:
+        """``fn(conn, *args)`` on the trajectory store (``Recorder.read``)."""
+        try:
+            return await self.recorder().read(lambda conn: fn(conn, *args))
+        except RecorderClosed:
+            raise StoreUnavailable(
+                "the dashboard reads the trajectory store: not running"
+            ) from None
 
-    async def read(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        engine = self.engine()
+    async def write(self, fn: Any) -> Any:
+        """``fn(conn)`` in a transaction, in order with the Responses API's own store
+        operations (``Recorder.direct``)."""
+        try:
+            return await self.recorder().direct(fn)
+        except RecorderClosed:
+            raise StoreUnavailable("the trajectory store is not running") from None
 
-        def run() -> Any:
-            with engine.connect() as conn:
-                return fn(conn, *args, **kwargs)
-
-        return await asyncio.to_thread(run)
+    def recorder(self) -> Recorder:
+        if self.services.recorder is None:
+            raise StoreUnavailable("the dashboard reads the trajectory store, which is off")
+        return self.services.recorder
 
 
 def same_origin(request: Request) -> bool:

@@ -23,10 +23,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine
 
 from gateway.errors import InvalidRequest, PermissionDenied, StoreUnavailable
 from gateway.pipeline.services import Services
+from gateway.recording.recorder import RecorderClosed
 from gateway.store import agent_metrics
 from gateway.store.agent_metrics import GROUPS, AgentMetrics, GroupBy
 
@@ -110,13 +110,10 @@ class AgentMetricsExporter(Collector):
             self._task = None
 
     async def refresh(self) -> None:
-        engine = self.engine()
         now = datetime.now(UTC)
         snapshot = {}
         for window, span in EXPORTED_WINDOWS.items():
-            snapshot[window] = await asyncio.to_thread(
-                _compute, engine, "agent", None, now - span, None
-            )
+            snapshot[window] = await self.read("agent", None, now - span, None)
         self._snapshot, self.refreshed_at = snapshot, time.time()
 
     async def _run(self) -> None:
@@ -129,24 +126,24 @@ class AgentMetricsExporter(Collector):
                 log.warning("agent metrics not refreshed: %s", exc)
             await asyncio.sleep(METRICS_EVERY_S)
 
-    def engine(self) -> Engine:
+    async def read(
+        self,
+        group_by: GroupBy,
+        tenant: str | None,
+        since: datetime | None,
+        until: datetime | None,
+    ) -> list[AgentMetrics]:
         recorder = self.services.recorder
-        if recorder is None or recorder.engine is None:
-            raise StoreUnavailable("the trajectory store is not running")
-        return recorder.engine
-
-
-def _compute(
-    engine: Engine,
-    group_by: GroupBy,
-    tenant: str | None,
-    since: datetime | None,
-    until: datetime | None,
-) -> list[AgentMetrics]:
-    with engine.connect() as conn:
-        return agent_metrics.compute(
-            conn, group_by=group_by, tenant=tenant, since=since, until=until
-        )
+        if recorder is None:
+            raise StoreUnavailable("the trajectory store is off")
+        try:
+            return await recorder.read(
+                lambda conn: agent_metrics.compute(
+                    conn, group_by=group_by, tenant=tenant, since=since, until=until
+                )
+            )
+        except RecorderClosed:
+            raise StoreUnavailable("the trajectory store is not running") from None
 
 
 def build_router(services: Services, exporter: AgentMetricsExporter) -> APIRouter:
@@ -176,7 +173,7 @@ def build_router(services: Services, exporter: AgentMetricsExporter) -> APIRoute
         if until is not None and until <= since:
             raise InvalidRequest("until must be after since", param="until")
         tenant = q.get("tenant") or None
-        rows = await asyncio.to_thread(_compute, exporter.engine(), group_by, tenant, since, until)
+        rows = await exporter.read(group_by, tenant, since, until)
         return {
             "object": "list",
             "since": since.isoformat(),
