@@ -3,7 +3,8 @@
 Sources, later ones winning: defaults, the YAML file given to ``--config``,
 environment variables ``GEARSHIFT_<SECTION>__<FIELD>``. Every section forbids
 unknown fields so that a typo fails at start-up with the field's name. This is
-the only module that reads the environment.
+the only module that reads the environment. Secret settings may also come from files
+(``store: {url_file: /run/secrets/store-url}``; gateway/secret_files.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gateway.secret_files import SecretFileError, resolve, top_level_from_environment
 from router.types import Tier
 from sandbox.config import SandboxConfig
 
@@ -259,6 +261,8 @@ class ContextOverride(Section):
     mode: Literal["off", "auto"] | None = None
     budget_fraction: float | None = Field(default=None, gt=0, le=1)
     budget_tokens: int | None = Field(default=None, gt=0)
+    summarizer: Literal["fast", "full", "extractive"] | None = None
+    rungs: list[Literal["mask", "summarize", "drop"]] | None = None
 
 
 class ContextSettings(Section):
@@ -292,10 +296,15 @@ class ContextSettings(Section):
         description="each clearing removes at least this many tokens, so the next steps share "
         "the condensed prefix (the engine's prefix cache) instead of condensing again",
     )
-    summarizer: Literal["fast", "extractive"] = Field(
+    summarizer: Literal["fast", "full", "extractive"] = Field(
         default="fast",
         description="fast: the fast tier writes the summary (extractive when it fails); "
-        "extractive: no model call",
+        "full: the full tier does; extractive: no model call",
+    )
+    rungs: list[Literal["mask", "summarize", "drop"]] = Field(
+        default=["mask", "summarize", "drop"],
+        description="the ladder's rungs, in this order of trial; drop alone: drop the "
+        "oldest turns (the naive baseline)",
     )
     summary_max_tokens: int = Field(default=400, ge=32, le=8192)
     summary_timeout_s: float = Field(default=30.0, gt=0)
@@ -358,6 +367,13 @@ class McpSettings(Section):
     )
 
 
+class ResponsesCaps(Section):
+    """One tenant's caps on the hosted loop; a field left unset keeps the default."""
+
+    max_turns: int | None = Field(default=None, ge=1, le=256)
+    max_tool_calls: int | None = Field(default=None, ge=0, le=100_000)
+
+
 class ResponsesSettings(Section):
     """``/v1/responses`` (docs/responses.md)."""
 
@@ -368,7 +384,27 @@ class ResponsesSettings(Section):
         description="model steps one response may run (the hosted tool loop); reaching it ends "
         "the response incomplete with reason 'max_turns'",
     )
+    max_tool_calls: int | None = Field(
+        default=None,
+        ge=0,
+        le=100_000,
+        description="hosted tool calls one response may run (null: no cap); a request's "
+        "max_tool_calls can only lower it; reaching it ends the response incomplete with "
+        "reason 'max_tool_calls'",
+    )
+    tenants: dict[str, ResponsesCaps] = Field(
+        default_factory=dict,
+        description="per-tenant caps ({tenant: {max_turns, max_tool_calls}}) replacing the "
+        "defaults above for that tenant",
+    )
     mcp: McpSettings = McpSettings()
+
+    def caps(self, tenant: str) -> tuple[int, int | None]:
+        """(max_turns, max_tool_calls) of a tenant's responses."""
+        own = self.tenants.get(tenant, ResponsesCaps())
+        turns = own.max_turns if own.max_turns is not None else self.max_turns
+        calls = own.max_tool_calls if own.max_tool_calls is not None else self.max_tool_calls
+        return turns, calls
 
 
 class KVCompactionTier(Section):
@@ -537,8 +573,33 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Environment overrides the file, the file overrides defaults.
-        return env_settings, init_settings
+        # Environment overrides the file, the file overrides defaults; both may name secret files.
+        return (
+            _SecretFiles(settings_cls, env_settings, os.environ),
+            _SecretFiles(settings_cls, init_settings),
+        )
+
+
+class _SecretFiles(PydanticBaseSettingsSource):
+    """Another source's values with every secret file read (gateway/secret_files.py)."""
+
+    def __init__(
+        self,
+        settings_cls: type[BaseSettings],
+        inner: PydanticBaseSettingsSource,
+        environ: Any = None,
+    ) -> None:
+        super().__init__(settings_cls)
+        self._inner, self._environ = inner, environ
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ asks the inner source
+
+    def __call__(self) -> dict[str, Any]:
+        data = resolve(self._inner())
+        if self._environ is not None:
+            data |= top_level_from_environment("GEARSHIFT_", self._environ)
+        return data
 
 
 class ConfigError(Exception):
@@ -559,4 +620,7 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
         data.update(loaded or {})
     data.update(overrides)
-    return Settings(**data)
+    try:
+        return Settings(**data)
+    except SecretFileError as exc:
+        raise ConfigError(str(exc)) from None

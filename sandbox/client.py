@@ -88,6 +88,12 @@ class SandboxClient:
         result: list[dict[str, Any]] = await self._request("GET", "/v1/tools")
         return result
 
+    async def approvals(self, tenant: str, key: str) -> dict[str, str]:
+        """The tools this principal's grant holds for an approval, with their risk class."""
+        body = {"principal": {"tenant": tenant, "key": key}}
+        result: dict[str, str] = (await self._request("POST", "/v1/approvals", body))["approval"]
+        return result
+
     async def create_session(
         self, tenant: str, key: str, session_id: str | None = None, faults: FaultPlan | None = None
     ) -> str:

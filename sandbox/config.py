@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from sandbox.policy import Egress, Grant, Policy, ResourceClass, Risk
 from sandbox.protocol import FaultPlan
@@ -92,6 +92,32 @@ class SandboxConfig(Section):
         if v is not None and set(v.get_secret_value()) <= {"*"}:
             raise ValueError("the sandbox token is a masked placeholder, not a secret")
         return v
+
+    external: str | None = Field(
+        default=None,
+        description="URL of a sandbox service run apart (`gearshift sandbox` in its own "
+        "container or pod), e.g. http://gearshift-sandbox:8200: `gearshift serve` starts none, "
+        "and at start-up checks this one's /health and that it takes sandbox.token",
+    )
+    external_wait_s: float = Field(
+        default=60.0, gt=0, le=3600, description="how long start-up waits for sandbox.external"
+    )
+
+    @field_validator("external")
+    @classmethod
+    def _external_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"sandbox.external {v!r} must start with http:// or https://")
+        return None if v is None else v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _external_token(self) -> SandboxConfig:
+        if self.external is not None and self.token is None:
+            raise ValueError(
+                "sandbox.external needs the service's token: set sandbox.token or "
+                "sandbox.token_file (a secret file)"
+            )
+        return self
 
     socket: Path | None = Field(default=None, description="Unix socket to listen on")
     host: str = "127.0.0.1"

@@ -5,6 +5,7 @@ The service's endpoints, for reference:
 
     GET    /health
     GET    /v1/tools                   every tool's JSON schema
+    POST   /v1/approvals               {principal}: the tools its grant holds for an approval
     POST   /v1/sessions                a workspace for one trajectory (+ fault plan)
     DELETE /v1/sessions/{id}           remove it (also done after session_ttl_s idle)
     POST   /v1/tools/{name}            run a tool call: policy, faults, runtime, attestation

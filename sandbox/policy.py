@@ -108,6 +108,16 @@ class Policy:
             return f"tenant:{who.tenant}", self.by_tenant[who.tenant]
         return None
 
+    def held_for_approval(self, who: Principal) -> dict[str, Risk]:
+        """The granted tools whose risk class this principal's grant holds for an
+        approval, with that class: a caller asks a human before it calls them (with
+        ``approved``), instead of learning it from a denial."""
+        found = self.grant_for(who)
+        if found is None:
+            return {}
+        grant = found[1]
+        return {t: r for t, r in TOOL_RISK.items() if t in grant.tools and r in grant.approval}
+
     def decide(self, who: Principal, req: Request) -> Decision:
         risk = TOOL_RISK.get(req.tool)
         if risk is None:

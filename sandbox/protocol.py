@@ -102,6 +102,10 @@ class SessionCreate(Model):
     faults: FaultPlan | None = None
 
 
+class GrantQuery(Model):
+    principal: Principal
+
+
 class ToolCall(Model):
     principal: Principal
     session_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")

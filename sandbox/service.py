@@ -2,6 +2,7 @@
 
     GET    /health
     GET    /v1/tools                   every tool's JSON schema
+    POST   /v1/approvals               {principal}: the tools its grant holds for an approval
     POST   /v1/sessions                a workspace for one trajectory (+ fault plan)
     DELETE /v1/sessions/{id}           remove it (also done after session_ttl_s idle)
     POST   /v1/tools/{name}            run a tool call: policy, faults, runtime, attestation
@@ -44,7 +45,14 @@ from sandbox.errors import (
     Unauthorized,
     UnknownTool,
 )
-from sandbox.protocol import SessionCreate, ToolCall, describe_validation, read_limited
+from sandbox.policy import Principal as Who
+from sandbox.protocol import (
+    GrantQuery,
+    SessionCreate,
+    ToolCall,
+    describe_validation,
+    read_limited,
+)
 from sandbox.runtime.base import Runtime
 from sandbox.runtime.cgroups import remove_stale
 from sandbox.tools.fetch import Resolver
@@ -107,6 +115,12 @@ class Handlers:
     async def tools(self, request: Request) -> Response:
         await self.parse(request, _Empty)
         return _json([t.schema() for t in TOOLS.values()])
+
+    async def approvals(self, request: Request) -> Response:
+        """The tools the principal's grant holds for an approval, with their risk class."""
+        who = (await self.parse(request, GrantQuery)).principal
+        held = self.sandbox.policy.held_for_approval(Who(who.tenant, who.key))
+        return _json({"approval": {tool: str(risk) for tool, risk in held.items()}})
 
     async def create(self, request: Request) -> Response:
         s = self.sandbox.create(await self.parse(request, SessionCreate))
@@ -180,6 +194,7 @@ def create_app(
         routes=[
             Route("/health", health),
             _route("/v1/tools", h.tools, "GET"),
+            _route("/v1/approvals", h.approvals, "POST"),
             _route("/v1/sessions", h.create, "POST"),
             _route("/v1/sessions/{sid}", h.delete, "DELETE"),
             _route("/v1/tools/{name}", h.call, "POST"),

@@ -29,6 +29,9 @@ class RequestIdentity:
     session_id: str | None = None  # X-Session-Id, or the body's ``user``
     task_id: str | None = None
     group_id: str | None = None
+    # "auto": the context stage applies whatever the config says (a Responses request's
+    # ``truncation: "auto"``); "disabled": never; None: as configured (chat completions)
+    context: str | None = None
 
     def elapsed_ms(self, now: float | None = None) -> float:
         return ((time.perf_counter() if now is None else now) - self.t0) * 1000.0

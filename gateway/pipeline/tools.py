@@ -68,6 +68,15 @@ async def list_tools(sandbox: SandboxClient | None) -> list[dict[str, Any]]:
         raise translate(exc) from None
 
 
+async def held_for_approval(sandbox: SandboxClient | None, tenant: str, key: str) -> set[str]:
+    """The tools the caller's grant holds for an approval (a risk class its ``approval``
+    names), as the sandbox declares them."""
+    try:
+        return set(await _running(sandbox).approvals(tenant, key))
+    except SandboxError as exc:
+        raise translate(exc) from None
+
+
 async def run_tool(
     sandbox: SandboxClient | None,
     tenant: str,

@@ -13,7 +13,7 @@ from sqlalchemy import Connection, bindparam, func, insert, select, update
 
 from gateway.recording.records import StepRecord, ToolResultRecord
 from gateway.store.rows import insert_ignore, now_utc
-from gateway.store.schema import blobs, sessions, steps, tool_calls
+from gateway.store.schema import blobs, context_events, sessions, steps, tool_calls
 from gateway.store.schema import rewards as rewards_t
 
 # The writer's lookups, built once: SQLAlchemy keeps their compiled form, so a lookup
@@ -83,6 +83,7 @@ class Pending:
         self.steps: list[dict[str, Any]] = []
         self.calls: list[dict[str, Any]] = []
         self.rewards: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []  # context_events, after their steps
         self.answers: list[dict[str, Any]] = []
         self.sandbox_results: list[dict[str, Any]] = []  # for committed calls
         self.answered: set[str] = set()  # committed calls answered in this batch
@@ -105,6 +106,7 @@ class Pending:
             (steps, self.steps),
             (tool_calls, self.calls),
             (rewards_t, self.rewards),
+            (context_events, self.events),
         ):
             if rows:
                 conn.execute(insert(table), rows)

@@ -81,6 +81,8 @@ class StepRecord:
     error: str | None = None
     chain: ChainHashes | None = None
     routing_version: str | None = None  # gateway.routing.control
+    # the condensation of its prompt, a session event (``gateway.recording.context_event``)
+    context: dict[str, Any] | None = None
 
     def describe(self) -> str:
         return f"request {self.request_id}"

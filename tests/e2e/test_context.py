@@ -53,3 +53,25 @@ def test_a_long_chat_is_summarized_by_the_fast_tier_and_completes(real_stack):
     # extractive when the fast tier took longer than summary_timeout_s (a busy CPU)
     assert done["summarizer"] in ("fast", "extractive"), header
     assert raw.parse().usage.prompt_tokens <= 2500, header
+
+
+def test_a_responses_call_longer_than_the_window_completes_with_truncation_auto(real_stack):
+    client = real_stack.client().with_options(timeout=600)
+    items: list[dict[str, object]] = [{"role": "user", "content": "Find why the tests fail."}]
+    for i in range(13):  # long early outputs, short latest ones, as in the chat test
+        items.append({"type": "function_call", "call_id": f"call_{i}", "name": "run_shell",
+                      "arguments": f'{{"cmd": "cat part_{i}.txt"}}'})  # fmt: skip
+        chars = 4000 if i < 10 else 300
+        items.append({"type": "function_call_output", "call_id": f"call_{i}",
+                      "output": step(i, chars)[1]["content"]})  # fmt: skip
+    with pytest.raises(openai.BadRequestError):  # as it is: longer than the window
+        client.responses.create(model=FULL, input=items, max_output_tokens=8)
+    raw = client.responses.with_raw_response.create(
+        model=FULL, input=items, max_output_tokens=8, temperature=0, truncation="auto",
+        extra_headers={"x-gearshift-context-budget": "2000"},
+    )  # fmt: skip
+    done = fields(raw.headers["x-gearshift-context"])
+    assert int(done["masked"]) == 10 and int(done["tokens_before"]) > WINDOW, done
+    response = raw.parse()
+    assert response.truncation == "auto" and response.status in ("completed", "incomplete")
+    assert response.usage is not None and response.usage.input_tokens <= 2000

@@ -209,7 +209,6 @@ def test_tenants_are_isolated(make_stack):
     [
         ({"model": "full", "input": "x", "frobnicate": 1}, "frobnicate"),
         ({"model": "full", "input": "x", "background": True, "store": False}, "background"),
-        ({"model": "full", "input": "x", "background": True, "stream": True}, "stream"),
         ({"model": "full", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"model": "full", "input": "x", "tools": [{"type": "mcp", "server_label": "s"}]}, "tools[0].server_url"),  # not allowlisted
         ({"model": "full", "input": "x", "tools": [{"type": "shell"}]}, "tools[0].type"),

@@ -148,3 +148,40 @@ def test_deleting_a_running_response_stops_it_and_streams_are_refused(make_stack
         time.sleep(0.02)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(r.id)
+
+
+def test_a_streamed_background_run_goes_on_without_its_reader_and_resumes(make_stack):
+    """``background`` + ``stream``: the SDK reads the run's events; a reader that leaves
+    does not stop it; ``retrieve(stream=True, starting_after=N)`` resumes after N."""
+    up = FakeUpstream().then(Behaviour(delay_s=0.5))
+    stack = make_stack([up])
+    client = stack.client()
+    stream = client.responses.create(model="full", input="hi", background=True, stream=True)
+    first = [next(iter(stream)) for _ in range(2)]
+    stream.close()  # the reader leaves before the step's first byte
+    assert [e.type for e in first] == ["response.created", "response.in_progress"]
+    assert [e.sequence_number for e in first] == [0, 1]
+    rid = first[0].response.id
+    assert first[0].response.background is True
+    done = wait_for(client, rid, lambda x: x.status not in ("queued", "in_progress"))
+    assert done.status == "completed", done.error  # it ran on
+    assert done.output_text == "tok0 tok1 tok2 tok3 tok4 "  # the fake tier streamed it
+    rest = list(client.responses.retrieve(rid, stream=True, starting_after=1))
+    assert [e.sequence_number for e in rest] == list(range(2, 2 + len(rest)))
+    assert rest[-1].type == "response.completed"
+    text = "".join(e.delta for e in rest if e.type == "response.output_text.delta")
+    assert text == done.output_text and rest[-1].response.output_text == done.output_text
+    # the whole stream, read again
+    whole = httpx.get(stack.url + f"/v1/responses/{rid}", params={"stream": "true"})
+    assert whole.text.count("event: ") == 2 + len(rest)
+
+
+def test_a_streamed_background_run_cancelled_ends_its_stream(make_stack):
+    up = FakeUpstream().then(Behaviour(delay_s=SLOW))
+    client = make_stack([up]).client()
+    stream = client.responses.create(model="full", input="hi", background=True, stream=True)
+    events = iter(stream)
+    created = next(events)
+    wait_for(client, created.response.id, lambda x: len(up.requests) == 1)
+    assert client.responses.cancel(created.response.id).status == "cancelled"
+    assert [e.type for e in events] == ["response.in_progress"]  # then the stream ends

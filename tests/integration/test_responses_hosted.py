@@ -11,6 +11,7 @@ import openai
 import pytest
 from sqlalchemy import select
 
+from gateway.auth import hash_key
 from gateway.store.database import make_engine
 from gateway.store.schema import tool_calls
 from sandbox.config import GrantConfig, Resources, SandboxConfig
@@ -50,7 +51,7 @@ def hosted_stack(make_stack, sandbox_root) -> Iterator[Callable[..., Stack]]:
     port = free_port()
     cfg = SandboxConfig(
         token="test-token", root=sandbox_root, host="127.0.0.1", port=port,
-        grants_by_tenant={"default": GRANT},
+        grants_by_tenant={"default": GRANT, "capped": GRANT, "free": GRANT},
     )  # fmt: skip
     with serve_in_thread(create_app(cfg), port=port):
 
@@ -152,6 +153,32 @@ def test_the_turn_cap_ends_the_response_incomplete(hosted_stack):
     assert r.status == "incomplete" and len(up.requests) == 2
     assert r.incomplete_details is not None and r.incomplete_details.reason == "max_turns"  # type: ignore[comparison-overlap]
     assert [o.type for o in r.output] == ["code_interpreter_call"] * 2
+
+
+def test_tenant_caps_replace_the_defaults_and_a_request_only_lowers_them(hosted_stack):
+    keys = {"capped": "gs-key-of-capped", "free": "gs-key-of-free"}
+    auth = {"mode": "keys", "keys": [
+        {"name": f"k-{t}", "tenant": t, "sha256": hash_key(k)} for t, k in keys.items()
+    ]}  # fmt: skip
+    caps = {"max_tool_calls": 3, "tenants": {"capped": {"max_tool_calls": 1},
+                                            "free": {"max_turns": 1}}}  # fmt: skip
+    two = asks(PYTHON, call("run_python", '{"code": "print(1)"}', "call_8"))
+    up = FakeUpstream().then(two, two)
+    stack = hosted_stack(up, responses=caps, auth=auth)
+
+    def ask(tenant: str) -> Any:
+        client = stack.client(api_key=keys[tenant])
+        return client.responses.create(model="full", input="x", tools=[CODE], max_tool_calls=10)
+
+    capped = ask("capped")  # its cap (1) holds over the request's 10
+    assert capped.status == "incomplete" and capped.incomplete_details is not None
+    assert capped.incomplete_details.reason == "max_tool_calls"  # type: ignore[comparison-overlap]
+    assert [o.status for o in capped.output] == ["completed", "incomplete"]  # type: ignore[union-attr]
+    free = ask("free")  # the default (3) lets both run; its own max_turns (1) ends it
+    assert free.incomplete_details is not None
+    assert free.incomplete_details.reason == "max_turns"  # type: ignore[comparison-overlap]
+    assert [o.status for o in free.output] == ["completed", "completed"]  # type: ignore[union-attr]
+    assert len(up.requests) == 2
 
 
 def test_a_denied_tool_goes_back_to_the_model_as_its_output(hosted_stack):

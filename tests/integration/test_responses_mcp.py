@@ -350,3 +350,71 @@ def test_a_stream_tells_the_listing_first(make_stack, mcp_url):
     assert [o.type for o in final.output] == ["mcp_list_tools", "message"]
     stored = stack.client().responses.retrieve(final.id)
     assert [o.type for o in stored.output] == ["mcp_list_tools", "message"]
+
+
+def test_an_approved_call_is_kept_when_the_first_step_is_refused(make_stack, mcp_url):
+    """The approved call runs before the first model step; a refused step (here a kill
+    switch, as a budget or a tier that is down would) fails the response, which is stored
+    with the call: it ran once, the chain goes on from it, nothing runs it again."""
+    up = FakeUpstream().then(
+        asks("shout", '{"text": "hi"}'), asks("shout", '{"text": "yo"}', "call_2"), Behaviour()
+    )  # fmt: skip
+    stack = build(make_stack, up, [mcp_url])
+    client = stack.client()
+    tools = [tool(mcp_url)]
+
+    def tier_off(active: bool) -> None:
+        body = {"kind": "tier_off", "target": "full", "active": active, "reason": "drill"}
+        r = httpx.post(stack.url + "/admin/v1/kill-switches", json=body)
+        assert r.status_code == 200, r.text
+
+    def approve(response: Any) -> list[dict[str, Any]]:
+        rid = response.output[-1].id
+        return [{"type": "mcp_approval_response", "approval_request_id": rid, "approve": True}]
+
+    asked = client.responses.create(model="full", input="shout hi", tools=tools)
+    tier_off(True)
+    refused = client.responses.create(
+        model="full", previous_response_id=asked.id, tools=tools, input=approve(asked)
+    )
+    assert refused.status == "failed" and "switched off" in refused.error.message
+    (call,) = refused.output
+    assert call.type == "mcp_call" and call.output == "HI"
+    assert client.responses.retrieve(refused.id).output[0].output == "HI"  # stored
+    assert len(up.requests) == 1  # the refused step never reached the tier
+    # streamed: the refusal becomes the stream's response.failed, stored the same way
+    with pytest.raises(openai.InternalServerError):  # no call ran first: passed on as is
+        client.responses.create(
+            model="full", input="shout yo", tools=tools, previous_response_id=refused.id
+        )
+    tier_off(False)
+    asked2 = client.responses.create(
+        model="full", input="shout yo", tools=tools, previous_response_id=refused.id
+    )
+    assert asked2.output[-1].type == "mcp_approval_request"
+    tier_off(True)
+    events = list(
+        client.responses.create(
+            model="full", previous_response_id=asked2.id, tools=tools, input=approve(asked2),
+            stream=True,
+        )
+    )  # fmt: skip
+    assert [e.type for e in events][:2] == ["response.created", "response.in_progress"]
+    assert events[-1].type == "response.failed"
+    streamed = client.responses.retrieve(events[-1].response.id)
+    assert streamed.status == "failed" and streamed.output[0].output == "YO"
+    tier_off(False)
+    # going on from the failed response: the model sees the call's result; no answer is
+    # needed and none is accepted again; the call does not run again
+    again = client.responses.create(
+        model="full", input="go on", tools=tools, previous_response_id=streamed.id
+    )
+    assert again.status == "completed" and [o.type for o in again.output] == ["message"]
+    assert {"role": "tool", "tool_call_id": "call_2", "content": "YO"} in up.requests[-1][
+        "messages"
+    ]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(
+            model="full", previous_response_id=streamed.id, tools=tools, input=approve(asked2)
+        )
+    assert "already" in err.value.message

@@ -59,6 +59,12 @@ def test_approval_required_for_a_risk_class():
     assert POLICY.decide(who, Request("run_shell", approved=True)).allowed
 
 
+def test_the_tools_held_for_an_approval_are_declared_before_any_call():
+    assert POLICY.held_for_approval(Principal("strict", "k")) == {"run_shell": Risk.DESTRUCTIVE}
+    assert POLICY.held_for_approval(ACME) == {}  # a grant that holds nothing
+    assert Policy().held_for_approval(ACME) == {}  # no grant: nothing to ask about
+
+
 @pytest.mark.parametrize(
     ("tool", "path", "allowed"),
     [

@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from sandbox.client import SandboxClient, SandboxError
+from sandbox.config import GrantConfig
 from sandbox.protocol import FaultPlan, FaultRule
 from sandbox.runtime.base import RuntimeUnavailable
 from sandbox.service import create_app
@@ -189,3 +190,21 @@ def test_no_isolation_no_service(config):
 
     with pytest.raises(RuntimeUnavailable, match="bwrap missing"):
         create_app(config, runtime=Broken())
+
+
+def test_the_tools_held_for_an_approval_are_declared(config):
+    """``POST /v1/approvals``: what a principal's grant holds for an approval, so that a
+    caller (the gateway's hosted loop) can ask a human before it calls."""
+    strict = GrantConfig(tools=["run_shell", "read_file"], approval=["destructive"])
+    config = config.model_copy(update={"grants_by_tenant": {"acme": strict}})
+    with serve_in_thread(create_app(config)) as url:
+        body = {"principal": ACME}
+        assert httpx.post(url + "/v1/approvals", json=body).status_code == 401
+        r = httpx.post(url + "/v1/approvals", json=body, headers=AUTH)
+        assert r.status_code == 200 and r.json() == {"approval": {"run_shell": "destructive"}}
+        other = {"principal": {"tenant": "nobody", "key": "k"}}
+        assert httpx.post(url + "/v1/approvals", json=other, headers=AUTH).json() == {
+            "approval": {}
+        }
+        bad = httpx.post(url + "/v1/approvals", json={"principal": {}}, headers=AUTH)
+        assert bad.status_code == 400 and "principal" in bad.json()["error"]["message"]

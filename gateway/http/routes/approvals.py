@@ -1,4 +1,5 @@
-"""Operators answer MCP approval requests (admin keys only; docs/responses.md, "Approvals").
+"""Operators answer approval requests of MCP and sandbox tools (admin keys only;
+docs/responses.md, "Approvals").
 
     GET    /admin/v1/approvals                     pending requests (?tenant=)
     POST   /admin/v1/approvals/{approval_request_id}   {"approve": bool, "reason": "..."}

@@ -1,10 +1,14 @@
 """The Responses API's routes (the serving logic is ``gateway.pipeline.responses``).
 
     POST   /v1/responses                      create (streamed with ``stream: true``)
-    GET    /v1/responses/{id}                 the stored response object
+    GET    /v1/responses/{id}                 the stored response object (``stream=true``
+                                              ``&starting_after=N``: a streamed background
+                                              run's events, resumed)
     DELETE /v1/responses/{id}                 delete it and its items
     GET    /v1/responses/{id}/input_items     its input items, a cursor page
     POST   /v1/responses/{id}/cancel          stop a background response
+    POST   /v1/responses/compact              a conversation as its user messages and a
+                                              summary (``compaction``)
     GET    /admin/v1/approvals                pending MCP approval requests (``approvals``)
 
 Everything is scoped to the caller's tenant: another tenant's response is a 404 like a
@@ -20,20 +24,21 @@ from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, FastAPI, Path, Query, Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from gateway.http.body import read_json, validated
 from gateway.http.errors import exception_response
 from gateway.http.routes import approvals
-from gateway.pipeline.handler import CompletionPipeline
+from gateway.pipeline.handler import STREAM_HEADERS, CompletionPipeline
 from gateway.pipeline.request import RequestIdentity
-from gateway.pipeline.responses import protocol
+from gateway.pipeline.responses import compaction, protocol
 from gateway.pipeline.responses.serving import ResponsesService, Turn
 from gateway.pipeline.services import Services
 from gateway.store import responses as stored
 
 log = logging.getLogger(__name__)
+STREAM = {k.decode(): v.decode() for k, v in STREAM_HEADERS}
 Ident = Annotated[str, Path(min_length=1, max_length=64)]
 
 
@@ -92,19 +97,40 @@ def build_router(services: Services, pipeline: CompletionPipeline) -> APIRouter:
         identity = RequestIdentity(
             request.state.request_id, request.state.t0, "chat", parsed.model, who.tenant,
             who.key_name, headers.get("x-session-id"), headers.get("x-gearshift-task-id"),
-            headers.get("x-gearshift-group-id"),
+            headers.get("x-gearshift-group-id"), context=parsed.truncation,
         )  # fmt: skip
         turn = await service.prepare(parsed, identity)
         if parsed.background:
             queued = await service.background.start(turn)
+            if parsed.stream:  # the run's events, read from its log (it runs on if we leave)
+                events = service.background.follow(who.tenant, queued["id"], -1)
+                return StreamingResponse(events, headers=STREAM)
             return Response(orjson.dumps(queued), media_type="application/json")
         return _Serve(service, turn)
 
-    @router.get("/{ident}")
-    async def retrieve(request: Request, ident: Ident, stream: bool = False) -> dict[str, Any]:
+    @router.post("/compact")
+    async def compact(request: Request) -> dict[str, Any]:
+        headers = request.headers
+        who = services.auth.authenticate(headers.get("authorization"))
+        body = await read_json(request, services.settings.limits.max_body_bytes)
+        parsed = validated(body, compaction.CompactRequest)
+        identity = RequestIdentity(
+            request.state.request_id, request.state.t0, "chat", parsed.model, who.tenant,
+            who.key_name, headers.get("x-session-id"),
+        )  # fmt: skip
+        return await compaction.compact(services, parsed, identity, service.call)
+
+    @router.get("/{ident}", response_model=None)
+    async def retrieve(
+        request: Request,
+        ident: Ident,
+        stream: bool = False,
+        starting_after: Annotated[int, Query(ge=-1)] = -1,
+    ) -> dict[str, Any] | StreamingResponse:
         who = tenant(request)
-        if stream:
-            raise protocol.not_yet("stream", "streaming a stored or background response")
+        if stream:  # a streamed background run's events, resumed after a sequence number
+            events = service.background.follow(who, ident, starting_after)
+            return StreamingResponse(events, headers=STREAM)
         return await service.call(lambda c: stored.get(c, who, ident))
 
     @router.delete("/{ident}")

@@ -27,7 +27,9 @@ DECISION = re.compile(
     r"\b(?:decided|decide|chose|choose|will|plan|instead|must|should|conclude|because|so that)\b",
     re.I,
 )
+KEY_VALUE = re.compile(r"\b[\w.-]+\s*(?:=|:)\s*\S")  # a named value: port = 8080, code: E42
 PENDING = re.compile(r"\b(?:todo|next|pending|remaining|still need|not yet|then)\b", re.I)
+FACT_WEIGHT = 3  # the facts' section gets this many shares of the room, the others one
 LINE_CHARS = 160  # one kept line at most: around what made it worth keeping
 SCAN_CHARS = 4 * LINE_CHARS  # of each line, searched
 
@@ -73,10 +75,12 @@ def summarize(messages: Sequence[Message], previous: str | None, max_chars: int)
     decisions: list[str] = []
     pending: list[str] = []
     files: list[str] = []
+    numbers: list[str] = []  # lines with numbers and nothing else worth keeping: room left
     seen: set[str] = set()
     sections = {
         "Task": task, "Facts and values learned": facts, "Files touched": files,
         "DONE (tool calls already made)": done, "Decisions": decisions, "Pending": pending,
+        "Other values": numbers,
     }  # fmt: skip
     _fold(previous or "", sections, seen)
     for m in messages:
@@ -91,9 +95,11 @@ def summarize(messages: Sequence[Message], previous: str | None, max_chars: int)
             for path in PATH.findall(line):
                 if path not in files:
                     files.append(path)
-            kinds = (ERROR, PATH, IDENT, NUMBER)
+            kinds = (ERROR, PATH, IDENT, KEY_VALUE)
             if any(k.search(line) for k in kinds):
-                _add(facts, seen, _around(line, *kinds))
+                _add(facts, seen, _around(line, *kinds, NUMBER))
+            elif NUMBER.search(line):
+                _add(numbers, seen, _around(line, NUMBER))
             elif role == "assistant" and DECISION.search(line):
                 _add(decisions, seen, _around(line, DECISION))
             elif role == "assistant" and PENDING.search(line):
@@ -123,9 +129,11 @@ def _fit(sections: list[tuple[str, list[str]]], max_chars: int) -> str:
     lines than its share keeps lines spread evenly over it, the first and the last
     included: a value printed early matters as much as one printed late."""
     titled = [(t, lines) for t, lines in sections if lines]
-    share = max(80, max_chars // max(1, len(titled)) - 40)
+    weights = [FACT_WEIGHT if t.startswith("Facts") else 1 for t, _ in titled]
+    unit = max_chars / max(1, sum(weights))
     out = []
-    for title, lines in titled:
+    for (title, lines), weight in zip(titled, weights, strict=True):
+        share = max(80, int(unit * weight) - 40)
         low, high = 1, len(lines)  # the most lines that fit, spread evenly
         while low < high:
             mid = (low + high + 1) // 2

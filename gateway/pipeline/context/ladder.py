@@ -49,6 +49,7 @@ class Knobs:
     keep_recent: int = 4
     clear_at_least: int = 512
     summary_tokens: int = 400  # room kept for the summary when choosing its span
+    rungs: frozenset[str] = frozenset({"mask", "summarize", "drop"})  # the rungs tried
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +164,9 @@ async def condense(
     if before <= knobs.budget:
         return None
     plan = _Plan(messages, knobs, memory or Memory())
-    for rung in (_reuse, _mask, _clip, _summarize, _drop):
+    for name, rung in RUNGS:
+        if name not in knobs.rungs and name != "reuse":
+            continue
         done = await rung(plan, counter, summarize)
         if done is not None:
             tokens, exact = done
@@ -270,8 +273,28 @@ async def _summarize(
 
 
 async def _drop(plan: _Plan, counter: Counter, summarize: Summarize) -> tuple[int, bool] | None:
-    """The last resort: the summarized span goes without its summary."""
-    if not plan.cut:
+    """The last resort: the summarized span goes without its summary; when that is not
+    enough (or nothing was summarized), the oldest turns go, as few as fit."""
+    if plan.cut and not plan.dropped:
+        plan.dropped = True
+        found = await _fits(plan, counter)
+        if found is not None:
+            return found
+    cuts = [c for c in msgs.cuts(plan.original, plan.head, plan.knobs.keep_recent) if c > plan.cut]
+    if not cuts:
         return None
-    plan.dropped = True
+    plan.dropped, plan.summarizer = True, None
+    before = counter.estimate(plan.build())
+
+    def enough(c: int) -> bool:
+        estimate = counter.estimate(plan.build(cut=c))
+        return estimate <= plan.knobs.budget and before - estimate >= plan.knobs.clear_at_least
+
+    plan.cut = _first(cuts, enough) or cuts[-1]
     return await _fits(plan, counter)
+
+
+RUNGS = (
+    ("reuse", _reuse), ("mask", _mask), ("mask", _clip), ("summarize", _summarize),
+    ("drop", _drop),
+)  # fmt: skip

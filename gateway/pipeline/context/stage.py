@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -25,7 +26,7 @@ from gateway.errors import InvalidRequest
 from gateway.pipeline.context.counting import RequestCounter
 from gateway.pipeline.context.ladder import Knobs, Memory, Report, condense
 from gateway.pipeline.context.messages import Message
-from gateway.pipeline.context.summary import Summarizer
+from gateway.pipeline.context.summary import Summarizer, SummaryCall
 from gateway.pipeline.request import ParsedRequest
 from gateway.pipeline.route import Routing
 from gateway.routing.calibration import TokenCalibrator, replica_tokenizer
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 MODE_HEADER = b"x-gearshift-context"
 BUDGET_HEADER = b"x-gearshift-context-budget"
 HEADERS = (MODE_HEADER, BUDGET_HEADER)
-CHAT_PATH = "/v1/chat/completions"  # Responses has its own truncation (docs/context.md)
+CHAT_PATH = "/v1/chat/completions"  # Responses steps: ``truncation`` (docs/context.md)
 MODELS_TIMEOUT = aiohttp.ClientTimeout(total=3.0)
 ASK_AGAIN_S = 60.0  # a replica that did not say its window is asked again after this
 
@@ -48,9 +49,28 @@ class Applied:
 
     messages: list[Message]
     report: Report
+    summary: str | None = None  # the summary in place, when one was written for this step
+    calls: tuple[SummaryCall, ...] = ()  # the model calls that wrote it (recorded as steps)
 
     def header(self) -> str:
         return self.report.header()
+
+    def event(self, api: str) -> dict[str, Any]:
+        """The session event the recorder writes with the step (``context_events``), and
+        the summary's model calls, each a step of its own before it."""
+        r = self.report
+        calls = [
+            {"id": os.urandom(16).hex(), "request": c.request, "answer": c.answer,
+             "tier": c.tier, "replica": c.replica, "duration_ms": c.duration_ms,
+             "created_at": c.created_at}
+            for c in self.calls
+        ]  # fmt: skip
+        return {
+            "api": api, "masked": r.masked, "clipped": r.clipped, "summarized": r.summarized,
+            "dropped": r.dropped, "tokens_before": r.tokens_before,
+            "tokens_after": r.tokens_after, "exact": r.exact, "summarizer": r.summarizer,
+            "summary": self.summary, "summary_steps": calls,
+        }  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +80,8 @@ class Ask:
     on: bool
     budget_tokens: int | None
     fraction: float
+    summarizer: str = "fast"
+    rungs: tuple[str, ...] = ("mask", "summarize", "drop")
 
 
 def _headers(scope: Scope) -> tuple[bytes | None, bytes | None]:
@@ -100,7 +122,9 @@ def ask(cfg: ContextSettings, parsed: ParsedRequest, scope: Scope) -> Ask:
             )
         budget = int(text)
     fraction = next((o.budget_fraction for o in layers if o.budget_fraction), cfg.budget_fraction)
-    return Ask(on, budget, fraction)
+    summarizer = next((o.summarizer for o in layers if o.summarizer), cfg.summarizer)
+    rungs = next((o.rungs for o in layers if o.rungs is not None), cfg.rungs)
+    return Ask(on, budget, fraction, summarizer, tuple(rungs))
 
 
 class ContextStage:
@@ -113,6 +137,7 @@ class ContextStage:
         session: Callable[[], aiohttp.ClientSession | None],
     ) -> None:
         self.cfg = settings.context
+        self.capture = settings.store.enabled  # summary steps are recorded with token ids
         self.default_window = settings.embedded.max_model_len
         self.pools = pools
         self.calibrator = calibrator
@@ -125,9 +150,15 @@ class ContextStage:
         self.configured = self.cfg.mode == "auto" or bool(self.cfg.tenants or self.cfg.keys)
 
     def wanted(self, parsed: ParsedRequest, scope: Scope) -> Ask | None:
-        """What the request asks of the stage, or None when it is off for it."""
-        if parsed.identity.endpoint != "chat" or scope.get("path") != CHAT_PATH:
+        """What the request asks of the stage, or None when it is off for it. A Responses
+        step says so itself (``truncation``): ``auto`` turns the stage on for it, with
+        the budget the config, tenant and key give; anything else leaves it off."""
+        if parsed.identity.endpoint != "chat":
             return None
+        if scope.get("path") != CHAT_PATH:
+            if parsed.identity.context != "auto":
+                return None
+            return replace(ask(self.cfg, parsed, scope), on=True)
         if not self.configured and not any(n in HEADERS for n, _ in scope["headers"]):
             return None
         found = ask(self.cfg, parsed, scope)
@@ -161,27 +192,31 @@ class ContextStage:
         )  # fmt: skip
         knobs = Knobs(
             budget, self.cfg.keep_tool_results, self.cfg.keep_recent_messages,
-            self.cfg.clear_at_least_tokens, self.cfg.summary_max_tokens,
+            self.cfg.clear_at_least_tokens, self.cfg.summary_max_tokens, frozenset(found.rungs),
         )  # fmt: skip
         key = (parsed.identity.tenant, session_key) if session_key else None
-        condensed = await condense(
-            messages, knobs, counter, self._summarizer(window), self._recall(key)
-        )
+        summarizer = self.summarizer(window, found.summarizer)
+        condensed = await condense(messages, knobs, counter, summarizer, self._recall(key))
         if condensed is None:
             return None
         if key is not None:
             self._remember(key, condensed.memory)
-        return Applied(condensed.messages, condensed.report)
+        written = condensed.report.summarizer not in (None, "reused")
+        summary = condensed.memory.summary if written and not condensed.memory.dropped else None
+        return Applied(condensed.messages, condensed.report, summary, tuple(summarizer.calls))
 
-    def _summarizer(self, window: int) -> Summarizer:
-        fast = self.pools.get(Tier.FAST)
-        fast_window = self.windows.get(Tier.FAST, window)
-        room = fast_window - self.cfg.summary_max_tokens - 300  # instructions and template
+    def summarizer(self, window: int, kind: str | None = None) -> Summarizer:
+        """The summarizer of ``kind`` (the config's by default): a tier, else extractive."""
+        kind = kind or self.cfg.summarizer
+        tier = Tier.FULL if kind == "full" else Tier.FAST
+        pool = self.pools.get(tier)
+        tier_window = self.windows.get(tier, window)
+        room = tier_window - self.cfg.summary_max_tokens - 300  # instructions and template
         return Summarizer(
-            self.dispatcher(), fast.model if fast is not None else None,
-            use_fast=self.cfg.summarizer == "fast", max_tokens=self.cfg.summary_max_tokens,
+            self.dispatcher(), pool.model if pool is not None else None,
+            use_fast=kind != "extractive", max_tokens=self.cfg.summary_max_tokens,
             timeout_s=self.cfg.summary_timeout_s, input_tokens=max(500, room),
-            tokens=self.calibrator.model,
+            tokens=self.calibrator.model, capture=self.capture, tier=tier,
         )  # fmt: skip
 
     def _tokenizer(self, tier: Tier) -> Any:

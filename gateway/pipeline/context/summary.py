@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -20,6 +22,7 @@ import orjson
 from gateway.errors import GatewayError
 from gateway.pipeline.context import extractive
 from gateway.pipeline.context.messages import Message, text_of
+from gateway.recording.capture import prepare
 from gateway.upstream.dispatch import Attempts, Completed, Dispatcher
 from router import Tier
 from router.tokens import DEFAULT, TokenModel
@@ -66,8 +69,22 @@ def transcript(span: Sequence[Message], previous: str | None, max_chars: int) ->
     return head + "History to condense:\n" + "\n".join(reversed(kept))
 
 
+@dataclass(frozen=True, slots=True)
+class SummaryCall:
+    """A model call that wrote a summary, as the recorder keeps it (a step of its own)."""
+
+    request: dict[str, Any]  # the chat body sent, capture fields included
+    answer: dict[str, Any]  # the tier's chat completion
+    tier: str
+    replica: str | None
+    duration_ms: float
+    created_at: float  # unix time
+
+
 class Summarizer:
-    """Writes a span's summary: on the fast tier (``use_fast``), else extractively."""
+    """Writes a span's summary: on the fast tier (``use_fast``), else extractively.
+    ``calls`` keeps each model call that wrote one (the recorder's summary steps);
+    ``tier`` is the tier asked (the fast one unless a benchmark compares)."""
 
     def __init__(
         self,
@@ -79,6 +96,8 @@ class Summarizer:
         timeout_s: float,
         input_tokens: int,
         tokens: TokenModel = DEFAULT,
+        capture: bool = False,
+        tier: Tier = Tier.FAST,
     ) -> None:
         self.dispatcher = dispatcher
         self.model = model
@@ -87,12 +106,15 @@ class Summarizer:
         self.timeout_s = timeout_s
         self.input_tokens = input_tokens  # the fast tier's window, less the answer
         self.tokens = tokens
+        self.capture = capture  # ask for token ids: the summary step is recorded
+        self.tier = tier
+        self.calls: list[SummaryCall] = []
 
     async def __call__(self, span: list[Message], previous: str | None) -> tuple[str, str]:
         if self.use_fast:
             text = await self._fast(span, previous)
             if text:
-                return text, "fast"
+                return text, str(self.tier)
         # regular expressions over the span: off the event loop, as the tiers' I/O is
         text = await asyncio.to_thread(self._extractive, span, previous)
         return text, "extractive"
@@ -119,7 +141,10 @@ class Summarizer:
             "max_tokens": self.max_tokens,
             "temperature": 0,
         }
-        attempts = Attempts(Tier.FAST)
+        if self.capture:
+            prepare("chat", body)  # token ids and log-probabilities, as for any step
+        attempts = Attempts(self.tier)
+        started, t0 = time.time(), time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
                 result = await self.dispatcher.dispatch(
@@ -131,7 +156,13 @@ class Summarizer:
             log.warning("context: fast-tier summary failed (%s); extractive instead", why)
             return None
         assert isinstance(result, Completed)  # not streamed
-        return _answer_text(result)
+        text, data = _answer_text(result)
+        if text is not None and data is not None:
+            took = (time.perf_counter() - t0) * 1000
+            self.calls.append(
+                SummaryCall(body, data, str(attempts.tier), attempts.replica, took, started)
+            )
+        return text
 
 
 def _fitted(
@@ -152,16 +183,19 @@ def _fitted(
     return messages
 
 
-def _answer_text(result: Completed) -> str | None:
+def _answer_text(result: Completed) -> tuple[str | None, dict[str, Any] | None]:
+    """The summary's text and the whole answer; (None, None) for an error or nothing."""
     if result.status != 200:
         log.warning(
             "context: fast tier answered %s to a summary; extractive instead", result.status
         )
-        return None
+        return None, None
     try:
         data = orjson.loads(result.body)
         text = data["choices"][0]["message"]["content"]
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
         log.warning("context: fast tier's summary answer was malformed; extractive instead")
-        return None
-    return text.strip() if isinstance(text, str) and text.strip() else None
+        return None, None
+    if not isinstance(text, str) or not text.strip():
+        return None, None
+    return text.strip(), data

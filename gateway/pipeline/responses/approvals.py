@@ -1,4 +1,9 @@
-"""Human approval of MCP tool calls: requests, the answers to them, and what the model is told.
+"""Human approval of hosted tool calls: requests, the answers to them, and what the model is told.
+
+Two kinds of tool wait for a human: an MCP tool whose ``require_approval`` says so, and a
+sandbox tool whose risk class the caller's grant holds for an approval (the sandbox
+declares which, ``hosted.offer``; its requests have ``server_label: "sandbox"`` and the
+tool's name, and an approved one runs with the approval passed to the sandbox).
 
     a step calls a tool that needs approval   the call is not run: it becomes an
                                               ``mcp_approval_request`` output item (with

@@ -16,8 +16,13 @@ detached by the gateway, polled with ``GET /v1/responses/{id}``, stopped with
     shutdown  ``close`` (the router's lifespan, before the recorder closes) cancels every
               task: each stores ``failed``, saying that the gateway shut down
 
-A background response must be stored (``store: false`` is a 400, as OpenAI answers) and is
-not streamed in this slice (``stream: true`` is a 400 naming ``stream``).
+    stream    ``stream: true`` too: the run is the streamed loop (``streaming.run_steps``)
+              writing to an ``EventLog`` instead of a client; the client that created it
+              reads the log, and so may any other (``follow``: ``GET /v1/responses/{id}
+              ?stream=true&starting_after=N``) while it runs and ``KEEP_S`` after; a
+              reader leaving never stops the run (only ``cancel`` does)
+
+A background response must be stored (``store: false`` is a 400, as OpenAI answers).
 """
 
 from __future__ import annotations
@@ -25,14 +30,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import Message, Scope
 
-from gateway.errors import GatewayError, StoreUnavailable
+from gateway.errors import GatewayError, InvalidRequest, StoreUnavailable
+from gateway.pipeline.responses.capture import StreamOut
+from gateway.pipeline.responses.event_log import EventLog
 from gateway.pipeline.responses.loop import LoopState
+from gateway.pipeline.responses.stream import StreamTranslator
+from gateway.pipeline.responses.streaming import run_steps
 from gateway.store import responses as stored
 
 if TYPE_CHECKING:
@@ -40,6 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 SHUTDOWN = "the gateway shut down while this background response ran"
+KEEP_S = 300.0  # a streamed run's events stay readable this long after its end
 Key = tuple[str, str]  # tenant, response id
 # What the pipeline reads of its ASGI scope; no disconnect ever comes (nobody waits).
 SCOPE: Scope = {
@@ -60,6 +70,7 @@ class Background:
         self.service = service
         self.tasks: dict[Key, asyncio.Task[None]] = {}
         self.reasons: dict[Key, str] = {}  # why a task was cancelled: SHUTDOWN, else the client
+        self.logs: dict[Key, EventLog] = {}  # streamed runs' events
 
     async def start(self, turn: Turn) -> dict[str, Any]:
         """Store the response ``queued`` and start its run; the object the client gets."""
@@ -71,6 +82,8 @@ class Background:
         tenant = turn.parsed.identity.tenant
         await self.service.call(lambda c: stored.save(c, tenant, row))
         key = (tenant, turn.frame.id)
+        if turn.parsed.stream:
+            self.logs[key] = EventLog()
         task = asyncio.create_task(self._run(turn, key), name=f"background {turn.frame.id}")
         self.tasks[key] = task
         task.add_done_callback(lambda _: self.tasks.pop(key, None))
@@ -79,21 +92,68 @@ class Background:
     async def _run(self, turn: Turn, key: Key) -> None:
         service = self.service
         state = service.new_state(turn)
+        events = self.logs.get(key)
+        end = b""  # a streamed run's last event, told once the response is stored
         try:
             running = turn.frame.response("in_progress", [])
             if not await self._write(key, lambda c: stored.set_active(c, key[0], key[1], running)):
                 return  # cancelled or deleted before it began
-            response = await service.loop(turn, state, SCOPE, _no_disconnect, detached=True)
-            if response is None:  # detached: no client to leave, no refusal passed on
-                response = service.failed(turn, state, "the first step was not answered")
+            if events is not None:
+                end, response = await self._streamed(turn, state, events)
+            else:
+                got = await service.loop(turn, state, SCOPE, _no_disconnect, detached=True)
+                # detached: no client to leave, no refusal passed on
+                response = got or service.failed(turn, state, "the first step was not answered")
         except asyncio.CancelledError:
             await self._finish(turn, key, self._stopped(turn, state, self.reasons.pop(key, "")))
+            self._ended(key)
             raise
         except Exception as exc:  # a bug or an unforeseen failure: the response says so
             log.error("background response %s failed", key[1], exc_info=exc)
             message = exc.message if isinstance(exc, GatewayError) else f"internal error: {exc!r}"
             response = service.failed(turn, state, message)
         await self._finish(turn, key, response)
+        if events is not None:
+            events.write(end)
+        self._ended(key)
+
+    async def _streamed(
+        self, turn: Turn, state: LoopState, events: EventLog
+    ) -> tuple[bytes, dict[str, Any]]:
+        """The streamed loop, told to ``events``; its last event and the response."""
+        translator = StreamTranslator(turn.frame, turn.kinds, turn.session)
+        state.output = translator.output  # one list: the translator adds, the loop counts
+        await self.service.preface(turn, state)
+        out = StreamOut(events.send, translator, hold=True)  # no client to pass a refusal to
+        await out.begin([])
+        final = await run_steps(self.service, turn, state, out, SCOPE, _no_disconnect)
+        if final is None:  # held: not reached
+            return b"", self.service.failed(turn, state, "the first step was not answered")
+        return final
+
+    def _ended(self, key: Key) -> None:
+        """A streamed run's log: closed now, forgotten ``KEEP_S`` later."""
+        events = self.logs.get(key)
+        if events is None:
+            return
+        events.close()
+        loop = asyncio.get_running_loop()
+        loop.call_later(
+            KEEP_S, lambda: self.logs.pop(key, None) if self.logs.get(key) is events else None
+        )
+
+    def follow(self, tenant: str, response_id: str, starting_after: int) -> AsyncIterator[bytes]:
+        """The events of a streamed background response this gateway runs (or ran within
+        ``KEEP_S``), after the sequence number ``starting_after``."""
+        events = self.logs.get((tenant, response_id))
+        if events is None:
+            raise InvalidRequest(
+                f"response {response_id!r} has no stream here: only a background response "
+                f"created with stream: true can be streamed, while it runs and {KEEP_S:.0f} s "
+                "after (on the gateway that runs it); retrieve it without stream",
+                param="stream",
+            )
+        return events.follow(starting_after)
 
     @staticmethod
     def _stopped(turn: Turn, state: LoopState, reason: str) -> dict[str, Any]:
@@ -140,6 +200,9 @@ class Background:
         task = self.tasks.get((tenant, response_id))
         if task is not None:
             task.cancel()
+        events = self.logs.pop((tenant, response_id), None)
+        if events is not None:
+            events.close()  # its readers end
 
     async def close(self, timeout_s: float = 10) -> None:
         """Cancel every run; each stores ``failed`` (SHUTDOWN) before the store closes."""

@@ -15,13 +15,15 @@ others. Both carry ``call_id``, the model's tool call id, and ``arguments``, its
 arguments (extensions on ``code_interpreter_call``: they name the recorded tool call, and
 a chain replays the call to the model exactly as the model made it).
 
-A tool's failure, timeout or denial is the tool's output, told to the model with its error
-class (``error: denied: ...``); only a sandbox that cannot be reached is an error of the
+A tool whose risk class the caller's grant holds for an approval waits for one
+(``approvals``) instead of running. A tool's failure, timeout or denial is the tool's
+output, told to the model with its error class (``error: denied: ...``); only a sandbox that cannot be reached is an error of the
 response (``SandboxUnavailable``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,7 +37,7 @@ from gateway.pipeline.request import RequestIdentity
 from gateway.pipeline.responses import approvals, mcp_tools
 from gateway.pipeline.responses.items import CODE_TOOL, new_id, tool_name
 from gateway.pipeline.services import Services
-from gateway.pipeline.tools import list_tools, run_tool
+from gateway.pipeline.tools import held_for_approval, list_tools, run_tool
 from gateway.recording.recorder import RecorderClosed
 from gateway.store import queries
 from sandbox.protocol import ToolResult
@@ -90,13 +92,21 @@ def _known_keys(tool: dict[str, Any], allowed: frozenset[str], where: str) -> No
         )
 
 
-async def offer(services: Services, wanted: Iterable[Hosted]) -> tuple[dict[str, str], list[Any]]:
+async def offer(
+    services: Services, wanted: Iterable[Hosted], who: RequestIdentity
+) -> tuple[dict[str, str], list[Any]]:
     """The hosted tools' kinds by function name, and their chat tool schemas from the
-    sandbox; a sandbox that is down is a 503 here, before anything is sent."""
+    sandbox; a sandbox that is down is a 503 here, before anything is sent. A tool whose
+    risk class the caller's grant holds for an approval (the sandbox declares which) is
+    of the kind of an MCP tool that needs approval, of the server ``sandbox``: its calls
+    wait as ``mcp_approval_request`` items (``approvals``)."""
     wanted = list(wanted)
     if not wanted:
         return {}, []
-    schemas = {t["function"]["name"]: t for t in await list_tools(services.sandbox)}
+    listed, held = await asyncio.gather(
+        list_tools(services.sandbox), held_for_approval(services.sandbox, who.tenant, who.api_key)
+    )
+    schemas = {t["function"]["name"]: t for t in listed}
     kinds: dict[str, str] = {}
     offered: list[Any] = []
     for h in wanted:
@@ -105,7 +115,7 @@ async def offer(services: Services, wanted: Iterable[Hosted]) -> tuple[dict[str,
                 f"{h.where}: the sandbox has no tool {h.name!r} (GET /v1/tools lists them)",
                 param=f"{h.where}.name",
             )
-        kinds[h.name] = h.kind
+        kinds[h.name] = mcp_tools.kind(SERVER_LABEL, True) if h.name in held else h.kind
         offered.append(schemas[h.name])
     return kinds, offered
 
@@ -193,10 +203,12 @@ def model_text(result: ToolResult) -> tuple[str, bool]:
 
 
 async def run(
-    services: Services, who: RequestIdentity, session: str, item: dict[str, Any], arguments: str
-) -> None:
+    services: Services, who: RequestIdentity, session: str, item: dict[str, Any], arguments: str,
+    *, approved: bool = False,
+) -> None:  # fmt: skip
     """Run one hosted call in the session's workspace and settle its item; the result is
-    recorded on the step's tool call. ``SandboxUnavailable`` (the sandbox is down) is raised."""
+    recorded on the step's tool call. ``SandboxUnavailable`` (the sandbox is down) is raised.
+    ``approved``: a human approved this call (its risk class is held for an approval)."""
     try:
         args = orjson.loads(arguments or "{}")
     except orjson.JSONDecodeError as exc:
@@ -216,7 +228,7 @@ async def run(
         return
     try:
         result = await run_tool(
-            services.sandbox, who.tenant, who.api_key, session, tool_name(item), args
+            services.sandbox, who.tenant, who.api_key, session, tool_name(item), args, approved
         )
     except SandboxUnavailable:
         raise

@@ -30,6 +30,7 @@ KNOWN_KEYS = {
     "function_call": frozenset({"call_id", "name", "arguments"}),
     "function_call_output": frozenset({"call_id", "output"}),
     "mcp_approval_response": frozenset({"approval_request_id", "approve", "reason"}),
+    "compaction": frozenset({"encrypted_content"}),  # from /v1/responses/compact
 }
 PART_KEYS = frozenset({"type", "text", "annotations", "logprobs", "refusal"})
 NOT_YET_TYPES = frozenset(
@@ -39,7 +40,7 @@ NOT_YET_TYPES = frozenset(
         "code_interpreter_call", "local_shell_call", "local_shell_call_output",
         "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output",
         "mcp_list_tools", "mcp_approval_request", "mcp_call",
-        "custom_tool_call", "custom_tool_call_output", "compaction", "tool_search_call",
+        "custom_tool_call", "custom_tool_call_output", "tool_search_call",
         "tool_search_output",
     }
 )  # fmt: skip
@@ -48,8 +49,13 @@ HOSTED_ITEMS = ("code_interpreter_call", "mcp_call")
 CODE_TOOL = "run_python"  # the sandbox tool a code_interpreter_call ran
 ID_PREFIX = {
     "message": "msg", "function_call": "fc", "function_call_output": "fco",
-    "mcp_approval_response": "mcpa",
+    "mcp_approval_response": "mcpa", "compaction": "cmp",
 }  # fmt: skip
+COMPACTED = (
+    "[Summary of the earlier conversation, compacted by the gateway; what is marked DONE "
+    "was done already: do not do it again.]\n"
+)
+MAX_COMPACTION_CHARS = 200_000
 
 
 def new_id(prefix: str) -> str:
@@ -104,6 +110,14 @@ def _item(raw: Any, where: str) -> dict[str, Any]:
         return _message(_role(raw, where), _content(raw, where), ident)
     if kind == "mcp_approval_response":
         return _approval(raw, where, ident)
+    if kind == "compaction":
+        text = _string(raw, "encrypted_content", where)
+        if len(text) > MAX_COMPACTION_CHARS:
+            raise InvalidRequest(
+                f"{where}.encrypted_content is longer than {MAX_COMPACTION_CHARS} characters",
+                param=f"{where}.encrypted_content",
+            )
+        return {"id": ident, "type": "compaction", "encrypted_content": text}
     call_id = _string(raw, "call_id", where)
     if kind == "function_call":
         return {
@@ -254,6 +268,8 @@ def to_messages(
                 ran.append({"role": "tool", "tool_call_id": call["id"], "content": text})
         elif kind == "message":
             out.append({"role": item["role"], "content": _chat_content(item["content"])})
+        elif kind == "compaction":  # the gateway's own summary (/v1/responses/compact)
+            out.append({"role": "user", "content": COMPACTED + item["encrypted_content"]})
         elif kind == "function_call":
             _add_call(out, {
                 "id": item["call_id"], "type": "function",

@@ -103,6 +103,7 @@ class LoopState:
     model: str | None = None
     turns: int = 0
     calls: int = 0
+    committed: bool = False  # calls ran before the first step: the response is stored
 
     @property
     def tokens_left(self) -> int | None:

@@ -114,5 +114,5 @@ class Frame:
             "previous_response_id": r.previous_response_id, "reasoning": None,
             "store": self.stored, "temperature": r.temperature, "text": self.spec.text,
             "tool_choice": self.spec.tool_choice, "tools": self.spec.tools, "top_p": r.top_p,
-            "truncation": "disabled", "usage": usage, "user": r.user, "metadata": r.metadata or {},
+            "truncation": r.truncation or "disabled", "usage": usage, "user": r.user, "metadata": r.metadata or {},
         }  # fmt: skip

@@ -6,9 +6,9 @@ into a chat request (``gateway.pipeline.responses.chat``). So an unknown paramet
 
 * served: ``SERVED`` below (docs/responses.md says how each maps to the chat request);
 * accepted and ignored: ``IGNORED`` (valid OpenAI parameters that change nothing here yet,
-  e.g. ``reasoning``; ``truncation: "disabled"`` is what the gateway does anyway);
+  e.g. ``reasoning``; ``truncation: "auto"`` is served by the context stage, docs/context.md);
 * not supported yet: ``NOT_YET``, a 400 naming the parameter when it is set
-  (``conversation``, ``prompt``, ...), and ``stream`` with ``background: true``. Tool types other than function,
+  (``conversation``, ``prompt``, ...). Tool types other than function,
   code_interpreter, sandbox (``hosted``) and mcp (``mcp_tools``) are refused in ``chat``.
 
 Input items, tools, ``tool_choice`` and ``text`` are checked by hand where they are
@@ -28,11 +28,12 @@ SERVED = frozenset(
         "model", "input", "instructions", "previous_response_id", "store", "stream",
         "max_output_tokens", "tool_choice", "tools", "parallel_tool_calls", "text",
         "temperature", "top_p", "metadata", "user", "max_tool_calls", "background",
+        "truncation",
     }
 )  # fmt: skip
 IGNORED = frozenset(
     {
-        "reasoning", "truncation", "include", "prompt_cache_key",
+        "reasoning", "include", "prompt_cache_key",
         "prompt_cache_retention", "prompt_cache_options", "safety_identifier", "service_tier",
         "top_logprobs", "stream_options",
     }
@@ -67,9 +68,9 @@ class ResponsesRequest(BaseModel):
     user: str | None = None
     max_tool_calls: Annotated[int, Field(ge=1)] | None = None
     background: bool | None = None  # gateway.pipeline.responses.background
+    truncation: Literal["auto", "disabled"] | None = None  # "auto": gateway.pipeline.context
     # accepted, not used yet (IGNORED)
     reasoning: dict[str, Any] | None = None
-    truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
@@ -109,8 +110,6 @@ def check_supported(request: ResponsesRequest) -> None:
             "background responses must be stored: background: true needs store: true",
             param="background",
         )
-    if request.background and request.stream:
-        raise not_yet("stream", "stream: true with background: true (a streamed background run)")
     for name in sorted(NOT_YET):
         if getattr(request, name) is not None:
             raise not_yet(name, repr(name))
@@ -123,6 +122,6 @@ def not_yet(param: str, what: str) -> InvalidRequest:
     return InvalidRequest(
         f"{what} is not supported yet by this gateway's /v1/responses; it serves function "
         "tools, the sandbox's hosted tools (code_interpreter, sandbox), MCP tools, and "
-        "background runs without streaming (see docs/responses.md)",
+        "background runs (see docs/responses.md)",
         param=param,
     )

@@ -1,35 +1,35 @@
 """``/v1/responses``: a response is one or more model steps served by the completion pipeline.
 
-    prepare   load the previous_response_id chain (store) → check and normalize the
-              input items → the hosted tools' schemas (sandbox) → chat messages → chat
-              body → a ``ParsedRequest`` of the chain's session
+    prepare   ``turn.prepare``: everything that may refuse the request, before any model
+              call or store write
+    preface   before the first step: the new mcp_list_tools items, then the calls the
+              request's approval answers decided (run, or told as denied)
     serve     per model step, CompletionPipeline (route, dispatch, escalate, answer |
               relay, finish: metrics, session state, the recorded step) with its ASGI
-              ``send`` replaced by a translator: the chat answer (or its stream) becomes
-              output items (or their events); hosted calls run in the sandbox and the
-              next step sees them (``loop`` decides); the response object is stored
-              before the client gets its end
+              ``send`` replaced by a translator (``capture``): the chat answer (or its
+              stream, ``streaming``) becomes output items (or their events); hosted calls
+              run in the sandbox and the next step sees them (``loop`` decides); the
+              response object is stored before the client gets its end
 
 The pipeline is not changed or copied: it serves a chat request and sends chat bytes,
-which this module reads back. Its refusals (unknown model, tiers down) raise before
-anything is sent and reach the client as errors; an upstream error answer to the first
-step is passed on as it is (the OpenAI error shape), to a later step it fails the response.
-A chain is one trajectory session, named by the client's ``X-Session-Id`` or else after the
-chain's first response id; its sandbox session (the hosted tools' workspace) is the same.
+which this module reads back. Its refusals (unknown model, tiers down, a budget, a kill
+switch) raise or answer before anything is sent; to the first step they reach the client
+as they are (the OpenAI error shape) and nothing is stored, unless calls ran before that
+step (``LoopState.committed``): then, as for a later step, the response ends ``failed``
+with the refusal's message and is stored with the calls that ran.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
 from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from gateway.errors import (
     GatewayError,
@@ -38,58 +38,28 @@ from gateway.errors import (
     StoreUnavailable,
     UpstreamError,
 )
-from gateway.pipeline.handler import STREAM_HEADERS, CompletionPipeline
+from gateway.pipeline.handler import CompletionPipeline
 from gateway.pipeline.outcome import CLIENT_CLOSED
-from gateway.pipeline.request import ParsedRequest, RequestIdentity
-from gateway.pipeline.responses import approvals, chat, hosted, items, mcp_calls
+from gateway.pipeline.request import RequestIdentity
+from gateway.pipeline.responses import approvals, hosted, mcp_calls
+from gateway.pipeline.responses import turn as prepared
 from gateway.pipeline.responses.background import Background
+from gateway.pipeline.responses.capture import JSON_HEADERS, Collected, error_message
 from gateway.pipeline.responses.loop import NOT_RUN, Decision, LoopState, StepAnswer
-from gateway.pipeline.responses.mcp_calls import McpOffer
 from gateway.pipeline.responses.mcp_client import Target
-from gateway.pipeline.responses.output import Frame, answer_items, usage
+from gateway.pipeline.responses.output import answer_items, usage
 from gateway.pipeline.responses.protocol import ResponsesRequest
-from gateway.pipeline.responses.stream import StreamTranslator
+from gateway.pipeline.responses.streaming import serve_stream
+from gateway.pipeline.responses.turn import Turn
 from gateway.pipeline.services import Services
 from gateway.recording.recorder import RecorderClosed
 from gateway.store import responses as stored
 from gateway.store.queries import NotFound
-from gateway.upstream.sse import split_events
 from sandbox.protocol import ToolResult
 
+__all__ = ["ResponsesService", "Turn"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-JSON_HEADERS = [(b"content-type", b"application/json")]
-REPLACED = {b"content-length", b"content-type", b"cache-control"}
-
-
-@dataclass(frozen=True, slots=True)
-class Turn:
-    """A prepared response: what it will say, the chat request of its first step, what it
-    adds, and what each later step is built from."""
-
-    frame: Frame
-    parsed: ParsedRequest
-    inputs: list[dict[str, Any]]
-    session: str
-    history: Sequence[dict[str, Any]] = ()  # the chain's items
-    kinds: dict[str, str] = field(default_factory=dict)  # hosted tools by function name
-    offered: Sequence[Any] = ()  # their chat schemas
-    mcp: McpOffer = field(default_factory=McpOffer)  # MCP servers, their new listings
-    decisions: Sequence[approvals.Decision] = ()  # the chain's approval requests, decided
-
-    def step(self, state: LoopState) -> ParsedRequest:
-        """The chat request of the next model step: the chain, the input and the output so far."""
-        if state.turns == 0 and not self.decisions:
-            return self.parsed
-        request = self.frame.request
-        messages = items.to_messages(
-            list(self.history), [*self.inputs, *state.output], request.instructions
-        )
-        body = chat.chat_body(
-            request, messages, self.frame.spec, self.offered, first=state.turns == 0,
-            max_tokens=state.tokens_left,
-        )  # fmt: skip
-        return ParsedRequest(self.parsed.identity, body)
 
 
 class ResponsesService:
@@ -100,44 +70,34 @@ class ResponsesService:
 
     async def prepare(self, request: ResponsesRequest, who: RequestIdentity) -> Turn:
         """Everything that may refuse the request, before any model call or store write."""
-        spec = chat.echo(request)
-        mcp_settings = self.services.settings.responses.mcp
-        servers = mcp_calls.targets(mcp_settings, who.tenant, spec.mcp)  # the allowlist
-        kinds, offered = await hosted.offer(self.services, spec.hosted)
-        chain = stored.Chain("", [])
-        if request.previous_response_id is not None:
-            prev = request.previous_response_id
-            chain = await self.call(
-                lambda c: stored.load_chain(c, who.tenant, prev), "previous_response_id"
-            )
-        inputs = items.normalize_input(request.input, (i["id"] for i in chain.items))
-        decisions = approvals.resolve(
-            chain.items, inputs, continuing=request.previous_response_id is not None,
-            labels=set(servers), approver=f"client:{who.api_key}",
-        )  # fmt: skip
-        taken = [*kinds, *(t["name"] for t in spec.functions)]
-        mcp = await mcp_calls.offer(mcp_settings, spec.mcp, servers, chain.items, taken)
-        kinds, offered = kinds | mcp.kinds, [*offered, *mcp.offered]
-        messages = items.to_messages(chain.items, inputs, request.instructions)
-        frame = Frame.new(request, spec, request.stored and self.services.recorder is not None)
-        session = who.session_id or chain.session or frame.id
-        identity = replace(who, endpoint="chat", requested_model=request.model, session_id=session)
-        body = chat.chat_body(request, messages, spec, offered)
-        parsed = ParsedRequest(identity, body)
-        return Turn(frame, parsed, inputs, session, chain.items, kinds, offered, mcp, decisions)
+        return await prepared.prepare(self.services, request, who, self.call)
 
     def new_state(self, turn: Turn) -> LoopState:
+        """The loop's caps: the request's, under its tenant's (``responses.tenants``, else
+        the defaults): the lower ``max_tool_calls`` holds."""
         r = turn.frame.request
-        return LoopState(r.max_tool_calls, r.max_output_tokens, self.max_turns)
+        max_turns, tenant_calls = self.services.settings.responses.caps(turn.parsed.identity.tenant)
+        caps = [c for c in (r.max_tool_calls, tenant_calls) if c is not None]
+        return LoopState(min(caps, default=None), r.max_output_tokens, max_turns)
 
     async def preface(self, turn: Turn, state: LoopState) -> None:
         """Before the first step: the new mcp_list_tools items, then the decided approval
-        requests' calls (run, or denied) as output items the first step sees."""
+        requests' calls (run, or denied) as output items the first step sees. From here
+        on, the response is stored whatever its steps do (``committed``)."""
         state.output.extend(turn.mcp.listed)
         timeout = self.services.settings.responses.mcp.timeout_s
-        for item, result in await mcp_calls.preface(turn.decisions, turn.mcp.targets, timeout):
+        who = turn.parsed.identity
+        for decision in turn.decisions:
+            if decision.approve and decision.request["server_label"] == hosted.SERVER_LABEL:
+                item = approvals.call_item(decision)  # a sandbox tool: run as approved
+                state.output.append(item)
+                arguments = decision.request["arguments"]
+                await hosted.run(self.services, who, turn.session, item, arguments, approved=True)
+                continue
+            ((item, result),) = await mcp_calls.preface([decision], turn.mcp.targets, timeout)
             state.output.append(item)
             await self._record(turn, item, result)
+        state.committed = bool(turn.decisions)
 
     async def _record(self, turn: Turn, item: dict[str, Any], result: ToolResult) -> None:
         """An MCP call's result on the recorded tool call of the step that made it."""
@@ -149,21 +109,17 @@ class ResponsesService:
         timeout = self.services.settings.responses.mcp.timeout_s
         await self._record(turn, item, await mcp_calls.run(target, item, arguments, timeout))
 
-    @property
-    def max_turns(self) -> int:
-        return self.services.settings.responses.max_turns
-
     async def serve(self, turn: Turn, scope: Scope, receive: Receive, send: Send) -> None:
         if turn.parsed.stream:
-            await self._serve_stream(turn, scope, receive, send)
+            await serve_stream(self, turn, scope, receive, send)
             return
-        last = _Collected()
+        last = Collected()
         response = await self.loop(turn, self.new_state(turn), scope, receive, last=last)
         if response is None:
             if last.status != CLIENT_CLOSED:  # the first step's error answer, passed on
                 await last.replay(send)
             return  # or the client left: nothing to store, as with one step
-        await self._store(turn, response, response["output"], strict=True)
+        await self.store(turn, response, response["output"], strict=True)
         body = orjson.dumps(response)
         headers = [*(last.headers or JSON_HEADERS), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -171,92 +127,42 @@ class ResponsesService:
 
     async def loop(
         self, turn: Turn, state: LoopState, scope: Scope, receive: Receive, *,
-        last: _Collected | None = None, detached: bool = False,
+        last: Collected | None = None, detached: bool = False,
     ) -> dict[str, Any] | None:  # fmt: skip
         """The model steps of a non-streamed response and the hosted calls between them;
         the response object at its end. None: the first step's refusal, to be passed on as
         it is (in ``last``), or the client left. ``detached`` (a background response, no
-        client to pass anything on to): the first step's refusal fails the response too."""
+        client to pass anything on to) or calls that ran before the first step: the first
+        step's refusal fails the response too."""
         await self.preface(turn, state)
         while True:
-            got = _Collected()
+            got = Collected()
+            passes_on = state.turns == 0 and not detached and not state.committed
             try:
                 await self.pipeline(turn.step(state), scope, receive, got.send)
             except GatewayError as exc:
-                if state.turns == 0 and not detached:
+                if passes_on:
                     raise
                 return self.failed(turn, state, exc.message)
             if last is not None:
-                last.status, last.headers, last.raw_headers = (
-                    got.status,
-                    got.headers,
-                    got.raw_headers,
-                )
-                last.body = got.body
-            if got.status == CLIENT_CLOSED or (
-                got.status != 200 and state.turns == 0 and not detached
-            ):
+                got.copy_to(last)
+            if got.status == CLIENT_CLOSED and not state.committed:
+                return None
+            if got.status != 200 and passes_on:
                 return None
             if got.status != 200:
-                return self.failed(turn, state, _error_message(got.body))
+                return self.failed(turn, state, error_message(got.body))
             answer = self._answered(turn, got.body)
             state.output.extend(answer.items)
             decision = state.add(answer)
             try:
-                await self._run(turn, decision, answer)
+                await self.run_calls(turn, decision, answer)
             except SandboxUnavailable as exc:
                 return self.failed(turn, state, exc.message)
             if decision.end:
                 return self._ended(turn, state, decision)
 
-    async def _serve_stream(self, turn: Turn, scope: Scope, receive: Receive, send: Send) -> None:
-        translator = StreamTranslator(turn.frame, turn.kinds, turn.session)
-        out = _StreamOut(send, translator)
-        state = self.new_state(turn)
-        state.output = translator.output  # one list: the translator adds, the loop counts
-        await self.preface(turn, state)  # told when the stream starts
-        while True:
-            out.refused = None
-            try:
-                await self.pipeline(turn.step(state), scope, receive, out.send)
-            except GatewayError as exc:
-                if not out.started:
-                    raise
-                final = self._stream_failed(translator, state, exc.message)
-                break
-            if out.passthrough or out.refused_status == CLIENT_CLOSED:
-                return  # an error answer passed on, or the client left: nothing to store
-            if out.refused is not None:
-                final = self._stream_failed(translator, state, _error_message(out.refused))
-                break
-            if not translator.ended:
-                return  # the client left mid-stream
-            events, answer = translator.close_step()
-            await out.body(events)
-            if answer.error is not None:
-                state.add(answer)
-                final = self._stream_failed(translator, state, answer.error["message"])
-                break
-            decision = state.add(answer)
-            await out.body(translator.running(decision.run))
-            try:
-                await self._run(turn, decision, answer)
-            except SandboxUnavailable as exc:
-                await out.body(translator.settled([*decision.run, *decision.skipped]))
-                final = self._stream_failed(translator, state, exc.message)
-                break
-            await out.body(translator.settled([*decision.run, *decision.skipped]))
-            if decision.end:
-                final = translator.end(
-                    decision.status, usage=state.usage, model=state.model,
-                    incomplete=decision.incomplete,
-                )  # fmt: skip
-                break
-        events, response = final
-        await self._store(turn, response, translator.output, strict=False)
-        await send({"type": "http.response.body", "body": events, "more_body": False})
-
-    async def _run(self, turn: Turn, decision: Decision, answer: StepAnswer) -> None:
+    async def run_calls(self, turn: Turn, decision: Decision, answer: StepAnswer) -> None:
         """Run the step's hosted calls (concurrently unless ``parallel_tool_calls`` is
         false); the ones over ``max_tool_calls`` are settled as not run."""
         for item in decision.skipped:
@@ -307,14 +213,7 @@ class ResponsesService:
             "failed", state.output, model=state.model, usage=state.usage, error=error
         )
 
-    @staticmethod
-    def _stream_failed(
-        translator: StreamTranslator, state: LoopState, message: str
-    ) -> tuple[bytes, dict[str, Any]]:
-        error = {"code": "server_error", "message": message}
-        return translator.end("failed", usage=state.usage, model=state.model, error=error)
-
-    async def _store(
+    async def store(
         self, turn: Turn, response: dict[str, Any], output: list[dict[str, Any]], *, strict: bool
     ) -> None:
         """Store a finished response (``store`` true); ``strict``: a failure is the client's
@@ -346,87 +245,3 @@ class ResponsesService:
             raise ResourceNotFound(str(exc), param=param) from None
         except RecorderClosed as exc:
             raise StoreUnavailable(str(exc)) from None
-
-
-def _kept(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The pipeline's headers (request id, tier, route reason, step id) for our own body."""
-    return [(k, v) for k, v in headers if k.lower() not in REPLACED]
-
-
-@dataclass(slots=True)
-class _Collected:
-    """A non-streamed pipeline answer, held back to be translated."""
-
-    status: int = 0
-    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
-    raw_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
-    body: bytes = b""
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-            self.raw_headers = list(message.get("headers", []))
-            self.headers = _kept(self.raw_headers) + JSON_HEADERS
-        elif message["type"] == "http.response.body":
-            self.body += message.get("body", b"")
-
-    async def replay(self, send: Send) -> None:
-        await send(
-            {"type": "http.response.start", "status": self.status, "headers": self.raw_headers}
-        )
-        await send({"type": "http.response.body", "body": self.body})
-
-
-@dataclass(slots=True)
-class _StreamOut:
-    """The pipeline's chat stream of each step, told as Responses events as it arrives;
-    the end is sent by ``serve`` once the response is stored."""
-
-    downstream: Send
-    translator: StreamTranslator
-    started: bool = False  # the client has the stream's start
-    passthrough: bool = False  # the first step answered with an error, not a stream
-    refused: bytes | None = None  # a later step's error answer (the stream had begun)
-    refused_status: int = 0
-    buffer: bytes = b""
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            ctype = dict(message.get("headers", [])).get(b"content-type", b"")
-            sse = message["status"] == 200 and ctype.startswith(b"text/event-stream")
-            if self.started:  # a later step: its start is not the client's
-                if not sse:
-                    self.refused, self.refused_status = b"", message["status"]
-                return
-            if not sse:
-                self.passthrough = True
-                await self.downstream(message)
-                return
-            self.started = True
-            headers = _kept(list(message.get("headers", []))) + STREAM_HEADERS
-            await self.downstream(
-                {"type": "http.response.start", "status": 200, "headers": headers}
-            )
-            await self.body(self.translator.start())
-            return
-        if self.passthrough:
-            await self.downstream(message)
-            return
-        if self.refused is not None:
-            self.refused += message.get("body", b"")
-            return
-        events, self.buffer = split_events(self.buffer + message.get("body", b""))
-        await self.body(b"".join(self.translator.feed(e) for e in events))
-
-    async def body(self, events: bytes) -> None:
-        if events:
-            await self.downstream({"type": "http.response.body", "body": events, "more_body": True})
-
-
-def _error_message(body: bytes) -> str:
-    """The message of an error answer (the OpenAI shape), for a response that failed."""
-    try:
-        error = orjson.loads(body)["error"]
-        return str(error["message"]) if isinstance(error, dict) else str(error)
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return body.decode(errors="replace")[:500] or "the tier failed"

@@ -216,3 +216,39 @@ def test_a_tier_that_counts_this_text_differently_still_gets_a_request_within_bu
         assert done is not None and done.report.fits
         assert done.report.tokens_after <= 1500
         assert done.report.tokens_before == round(tokens(msgs) * factor)
+
+
+def test_drop_alone_drops_the_oldest_turns_and_says_so():
+    msgs = session(10)
+    budget = tokens(msgs) // 2
+    summarize = Recorder()
+    done = run(msgs, Knobs(budget, rungs=frozenset({"drop"})), summarize)
+    assert done is not None and done.report.fits and not summarize.calls
+    assert done.report.dropped > 0 and done.report.masked == done.report.summarized == 0
+    out = done.messages
+    assert out[0] == SYSTEM and out[1] == TASK  # the task stays, lifted over the gap
+    assert out[-4:] == msgs[-4:] and len(out) < len(msgs)
+    assert not any(text_of(m).startswith(SUMMARY_PREFIX) for m in out)
+    # the next step keeps the same cut (the same prefix) while it fits
+    longer = [*msgs, *step(10, 100)]
+    again = run(longer, Knobs(budget + 200, rungs=frozenset({"drop"})), memory=done.memory)
+    assert again is not None and again.messages[: len(out)] == out
+
+
+def test_summarize_without_mask_leaves_tool_outputs_whole():
+    msgs = session(10)
+    budget = tokens(msgs) // 2
+    done = run(msgs, Knobs(budget, rungs=frozenset({"summarize", "drop"})))
+    assert done is not None and done.report.fits and done.report.masked == 0
+    assert done.report.summarized > 0
+    kept = [m for m in done.messages if m.get("role") == "tool"]
+    assert all("removed by the gateway" not in text_of(m) for m in kept)
+
+
+def test_a_dropped_summary_that_is_not_enough_drops_more_turns():
+    msgs = session(12)
+    budget = tokens(msgs) // 3
+    long_summary = Recorder("x " * 4000)  # a summary longer than the room left for it
+    done = run(msgs, Knobs(budget, rungs=frozenset({"summarize", "drop"})), long_summary)
+    assert done is not None and done.report.fits and done.report.dropped > 0
+    assert done.report.summarized == 0

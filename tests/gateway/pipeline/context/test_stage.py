@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gateway.config import ContextSettings
@@ -53,3 +55,15 @@ def test_a_bad_header_is_the_clients_400_naming_it(name, value):
     with pytest.raises(InvalidRequest) as err:
         ask(ContextSettings(), parsed(), scope(**{name: value}))
     assert err.value.param == name.replace("_", "-")
+
+
+def test_summarizer_and_rungs_per_key_over_the_config():
+    cfg = ContextSettings.model_validate(
+        {"summarizer": "extractive", "keys": {"key-1": {"summarizer": "full", "rungs": ["drop"]}}}
+    )
+    mine = ask(cfg, parsed(), scope())
+    assert mine.summarizer == "full" and mine.rungs == ("drop",)
+    other = parsed()
+    other = replace(other, identity=replace(other.identity, api_key="other"))
+    plain = ask(cfg, other, scope())
+    assert plain.summarizer == "extractive" and plain.rungs == ("mask", "summarize", "drop")

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.pipeline.responses import approvals
+from gateway.pipeline.responses import approvals, hosted, mcp_tools
 from gateway.pipeline.responses.items import normalize_input, to_messages
 
 
@@ -95,3 +95,24 @@ def test_the_model_sees_the_call_then_its_result() -> None:
              "function": {"name": "shout", "arguments": '{"text": "hi"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "HI"},
     ]  # fmt: skip
+
+
+def test_a_held_sandbox_tool_is_claimed_as_an_approval_request_of_the_sandbox() -> None:
+    kinds = {"run_python": mcp_tools.kind(hosted.SERVER_LABEL, True), "read_file": "sandbox"}
+    call = {"type": "function_call", "name": "run_python", "call_id": "call_9",
+            "arguments": '{"code": "1"}'}  # fmt: skip
+    item, _ = hosted.claim(call, kinds, "sess")
+    assert item["type"] == "mcp_approval_request" and item["server_label"] == "sandbox"
+    assert (item["name"], item["arguments"], item["call_id"]) == (
+        "run_python",
+        '{"code": "1"}',
+        "call_9",
+    )
+    # approved: the call it makes is the sandbox tool's, told with the request
+    (decision,) = resolve([item], [answer(item["id"])], labels={"sandbox"})
+    ran = approvals.call_item(decision)
+    assert (ran["type"], ran["server_label"], ran["name"]) == ("mcp_call", "sandbox", "run_python")
+    # approving needs a sandbox tool in this request's tools (the label "sandbox")
+    with pytest.raises(InvalidRequest) as err:
+        resolve([item], [answer(item["id"])], labels=set())
+    assert err.value.param == "input[0].approval_request_id"

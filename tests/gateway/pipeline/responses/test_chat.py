@@ -100,9 +100,7 @@ def test_parameter_names():
         with pytest.raises(InvalidRequest, match="not supported yet") as err:
             check_supported(request(**{name: value}))
         assert err.value.param == name
-    with pytest.raises(InvalidRequest, match="not supported yet") as err:
-        check_supported(request(background=True, stream=True))
-    assert err.value.param == "stream"
+    check_supported(request(background=True, stream=True))  # a streamed background run
     with pytest.raises(InvalidRequest, match="must be stored") as err:
         check_supported(request(background=True, store=False))
     assert err.value.param == "background"

@@ -1,0 +1,294 @@
+"""Context strategies on long agent sessions, measured in one run.
+
+    python -m bench.context [--quick] [--upstream mock|real] [--sessions N] [--budget 0.5]
+
+Each session is a tool loop whose history outgrows the budget: a task, then ``--steps``
+tool calls whose outputs each hold one fact (``port_<i> = <value>``) among log lines.
+The last ``--replay`` steps of every session are sent through one gateway (each a chat
+request with the whole history so far, one named session per strategy, as an agent
+sends them), then a checkable question about a fact from an early step, which every
+condensing strategy has condensed: ``QUESTION: what value did port_<k> have?``.
+
+Strategies (one API key each, ``context.keys`` in the gateway's config):
+
+    none              no context management: the whole history (it fits the window)
+    drop-oldest       drop the oldest turns (rungs: drop)
+    mask              mask old tool outputs, then drop (rungs: mask, drop)
+    summarize-fast    summarize on the fast tier, then drop (rungs: summarize, drop)
+    summarize-full    the same on the full tier
+    extractive        the same with the extractive summary (no model call)
+    default           the shipped ladder: mask, summarize on fast, drop
+
+Per strategy: time per step (ms, mean and p95, summaries included), prompt tokens sent
+(mean per step, and total), accuracy on the question, each with its ratio to ``none``;
+fresh summaries written and fast-tier fallbacks. ``--upstream mock`` (bench.context_upstream)
+answers the question by reading the prompt (its accuracy: the facts a strategy kept in
+what the model saw) and cannot write a summary; ``--upstream real`` starts the embedded
+stack (two vLLM servers) and the models answer. The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from bench.procs import start, stop, wait_http
+from bench.stack import free_port, serve
+
+ROOT = Path(__file__).resolve().parents[1]
+LADDER = ["mask", "summarize", "drop"]
+STRATEGIES: dict[str, dict[str, Any] | None] = {
+    "none": None,
+    "drop-oldest": {"rungs": ["drop"]},
+    "mask": {"rungs": ["mask", "drop"]},
+    "summarize-fast": {"rungs": ["summarize", "drop"], "summarizer": "fast"},
+    "summarize-full": {"rungs": ["summarize", "drop"], "summarizer": "full"},
+    "extractive": {"rungs": ["summarize", "drop"], "summarizer": "extractive"},
+    "default": {"rungs": LADDER, "summarizer": "fast"},
+}
+SYSTEM = "You are a coding agent. Use the tools. Answer questions with the value only."
+REAL_MODELS = ("smollm2-135m", "smollm2-135m-fast")  # the embedded stack's served names
+
+
+@dataclass
+class Session:
+    messages: list[dict[str, Any]]  # the whole history before the question
+    starts: list[int]  # where each replayed request's history ends
+    question: str
+    value: str
+
+
+def build_session(rng: random.Random, steps: int, chars: int, replay: int) -> Session:
+    task = "Find why the service on the staging host does not start, and fix it."
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": task},
+    ]
+    values = []
+    for i in range(steps):
+        value = str(rng.randrange(10_000, 99_999))
+        values.append(value)
+        lines = [f"$ inspect part_{i}", f"reading src/module_{i}.py", f"port_{i} = {value}"]
+        while sum(len(x) + 1 for x in lines) < chars:
+            lines.append(
+                f"INFO worker-{rng.randrange(1, 9)} processed batch {rng.randrange(1000)} in "
+                f"{rng.randrange(5, 900)} ms; queue depth {rng.randrange(50)}"
+            )
+        call = {"id": f"call_{i}", "type": "function",
+                "function": {"name": "run_shell", "arguments": f'{{"cmd": "inspect part_{i}"}}'}}  # fmt: skip
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        msgs.append({"role": "tool", "tool_call_id": f"call_{i}", "content": "\n".join(lines)})
+    k = rng.randrange(0, max(1, steps // 3))  # an early step: in the condensed part
+    starts = [len(msgs) - 2 * j for j in range(replay - 1, -1, -1)]
+    question = f"QUESTION: what value did port_{k} have? Reply with the number only."
+    return Session(msgs, starts, question, values[k])
+
+
+@dataclass
+class Tally:
+    ms: list[float] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)
+    correct: int = 0
+    asked: int = 0
+    errors: int = 0
+    summaries: int = 0  # fresh summaries written
+    fallbacks: int = 0  # a model summary asked, the extractive one given
+
+    def row(self, base: Tally | None) -> dict[str, Any]:
+        ms = statistics.fmean(self.ms) if self.ms else 0.0
+        tokens = statistics.fmean(self.prompt_tokens) if self.prompt_tokens else 0.0
+        accuracy = self.correct / self.asked if self.asked else 0.0
+        out = {
+            "ms_per_step": round(ms, 1),
+            "p95_ms": round(_p95(self.ms), 1),
+            "prompt_tokens_per_step": round(tokens, 1),
+            "prompt_tokens_total": sum(self.prompt_tokens),
+            "accuracy": round(accuracy, 3),
+            "errors": self.errors,
+            "summaries": self.summaries,
+            "fallbacks": self.fallbacks,
+        }
+        if base is not None:
+            b = base.row(None)
+            out["time_vs_none"] = _ratio(out["ms_per_step"], b["ms_per_step"])
+            out["tokens_vs_none"] = _ratio(
+                out["prompt_tokens_per_step"], b["prompt_tokens_per_step"]
+            )
+            out["accuracy_vs_none"] = _ratio(out["accuracy"], b["accuracy"])
+        return out
+
+
+def _p95(values: list[float]) -> float:
+    return sorted(values)[int(0.95 * (len(values) - 1))] if values else 0.0
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
+
+
+def run_strategy(
+    client: httpx.Client, name: str, sessions: list[Session], budget: int, model: str
+) -> Tally:
+    tally = Tally()
+    headers = {"authorization": f"Bearer sk-{name}", "x-gearshift-context-budget": str(budget)}
+    for n, s in enumerate(sessions):
+        named = {**headers, "x-session-id": f"{name}-{n}"}
+        asks = [(s.messages[:end], None) for end in s.starts]
+        asks.append(([*s.messages, {"role": "user", "content": s.question}], s.value))
+        for messages, value in asks:
+            body = {"model": model, "messages": messages, "max_tokens": 12, "temperature": 0}
+            t0 = time.perf_counter()
+            resp = client.post("/v1/chat/completions", json=body, headers=named)
+            took = (time.perf_counter() - t0) * 1000
+            if resp.status_code != 200:
+                tally.errors += 1
+                if value is not None:
+                    tally.asked += 1
+                continue
+            data = resp.json()
+            tally.ms.append(took)
+            tally.prompt_tokens.append(int(data["usage"]["prompt_tokens"]))
+            done = resp.headers.get("x-gearshift-context", "")
+            if any(f"summarizer={k}" in done for k in ("fast", "full", "extractive")):
+                tally.summaries += 1
+            wanted = (STRATEGIES[name] or {}).get("summarizer")
+            if wanted in ("fast", "full") and "summarizer=extractive" in done:
+                tally.fallbacks += 1
+            if value is not None:
+                tally.asked += 1
+                text = data["choices"][0]["message"].get("content") or ""
+                tally.correct += value in text
+    return tally
+
+
+def gateway_config(tmp: Path, full: str, fast: str, models: tuple[str, str], window: int) -> Path:
+    keys, overrides = [], {}
+    for name, strategy in STRATEGIES.items():
+        digest = hashlib.sha256(f"sk-{name}".encode()).hexdigest()
+        keys.append({"name": name, "tenant": "bench", "sha256": digest})
+        overrides[name] = {"mode": "off"} if strategy is None else {"mode": "auto", **strategy}
+    config = {
+        "port": free_port(),
+        "auth": {"mode": "keys", "keys": keys},
+        "tiers": {
+            "full": {"model": models[0], "replicas": [full]},
+            "fast": {"model": models[1], "replicas": [fast]},
+        },
+        "store": {"enabled": False},
+        "sandbox": {"enabled": False},
+        "router": {"escalate": False},
+        "timeouts": {"first_byte_s": 600, "between_chunks_s": 600},
+        "context": {
+            "window_tokens": {"full": window, "fast": window},
+            "keys": overrides,
+            "summary_timeout_s": 120,
+        },
+    }
+    path = tmp / "gateway.yaml"
+    path.write_bytes(orjson.dumps(config))  # JSON is YAML
+    return path
+
+
+@contextlib.contextmanager
+def gateway(tmp: Path, config: Path) -> Iterator[str]:
+    port = orjson.loads(config.read_bytes())["port"]
+    log = tmp / "gateway.log"
+    argv = [sys.executable, "-m", "gateway.cli.main", "--log-level", "warning", "serve",
+            "--config", str(config)]  # fmt: skip
+    proc = start(argv, log, cwd=ROOT)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/ready", proc, log, timeout_s=300)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(proc)
+
+
+@contextlib.contextmanager
+def upstreams(kind: str, tmp: Path) -> Iterator[tuple[str, str, tuple[str, str], int]]:
+    """(full URL, fast URL, their model names, the window) of mock or real tiers."""
+    if kind == "mock":
+        port = free_port()
+        log = tmp / "upstream.log"
+        proc = start([sys.executable, "-m", "bench.context_upstream", "--port", str(port)], log,
+                     cwd=ROOT)  # fmt: skip
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_http(url + "/health", proc, log, timeout_s=60)
+            yield url, url, ("mock-full", "mock-fast"), 8192
+        finally:
+            stop(proc)
+        return
+    off = {"GEARSHIFT_STORE__ENABLED": "false", "GEARSHIFT_SANDBOX__ENABLED": "false"}
+    print("starting the embedded stack (two vLLM servers)", flush=True)
+    with serve(tmp / "serve.log", off) as stack:
+        yield stack.full_url, stack.fast_url, REAL_MODELS, 4096
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="4 sessions on the mock: seconds")
+    p.add_argument("--upstream", choices=("mock", "real"), default="mock")
+    p.add_argument("--sessions", type=int, default=40)
+    p.add_argument("--steps", type=int, default=12, help="tool steps per session")
+    p.add_argument("--replay", type=int, default=3, help="agent steps sent before the question")
+    p.add_argument("--budget", type=float, default=0.5, help="share of the window")
+    p.add_argument(
+        "--fill",
+        type=float,
+        default=0.85,
+        help="the history at the question, as a share of the window (estimated)",
+    )
+    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--seed", type=int, default=7)
+    args = p.parse_args()
+    if args.quick:
+        args.sessions, args.upstream = 4, "mock"
+    names = [n for n in args.strategies.split(",") if n]
+    unknown = [n for n in names if n not in STRATEGIES]
+    if unknown or "none" not in names:
+        p.error(f"strategies are {', '.join(STRATEGIES)}, 'none' among them (got {unknown})")
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        with upstreams(args.upstream, tmp) as (full, fast, models, window):
+            # the history at the question fills --fill of the window: it fits uncondensed
+            chars = int(window * args.fill * 3.2 / args.steps)
+            sessions = [build_session(rng, args.steps, chars, args.replay)
+                        for _ in range(args.sessions)]  # fmt: skip
+            budget = int(window * args.budget)
+            config = gateway_config(tmp, full, fast, models, window)
+            with gateway(tmp, config) as url, httpx.Client(base_url=url, timeout=900) as client:
+                tallies = {n: run_strategy(client, n, sessions, budget, models[0]) for n in names}
+    base = tallies["none"]
+    rows = {n: t.row(base) for n, t in tallies.items()}
+    print(f"{'strategy':<16}{'ms/step':>9}{'p95':>9}{'tokens/step':>13}{'acc':>7}"
+          f"{'time_x':>8}{'tok_x':>9}{'acc_x':>7}{'summ':>6}{'fallb':>6}{'err':>5}")  # fmt: skip
+    for n, r in rows.items():
+        print(f"{n:<16}{r['ms_per_step']:>9}{r['p95_ms']:>9}{r['prompt_tokens_per_step']:>13}"
+              f"{r['accuracy']:>7}{r.get('time_vs_none') or 0:>8}{r.get('tokens_vs_none') or 0:>9}"
+              f"{r.get('accuracy_vs_none') or 0:>7}{r['summaries']:>6}{r['fallbacks']:>6}"
+              f"{r['errors']:>5}")  # fmt: skip
+    default = rows.get("default", rows[names[-1]])
+    print(orjson.dumps({
+        "upstream": args.upstream, "sessions": args.sessions, "budget": budget,
+        "window": window, "strategies": rows,
+        "prompt_tokens_saved": round(1 - (default.get("tokens_vs_none") or 1), 3),
+        "accuracy_vs_none": default.get("accuracy_vs_none"),
+    }).decode())  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""The stand-in model of ``bench.context --upstream mock``: bench.mock_upstream, plus
+answers that make a condensation's quality checkable without a model.
+
+* a question ``QUESTION: what value did port_<k> have?`` is answered by an oracle reader:
+  the value when ``port_<k> = <value>`` is anywhere in the prompt it got, else
+  ``unknown``; its accuracy is the share of facts a strategy kept in what the model saw;
+* a summary request (the gateway's summarizer instructions) gets ``(mock summary)``: a
+  stand-in cannot summarize, so model-written summaries are measured on the real stack
+  only (``--upstream real``);
+* anything else: a short text answer.
+
+    python -m bench.context_upstream --port 9001
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+
+import orjson
+
+from bench.mock_upstream import STREAM_RE, MockProtocol, chat_answer
+
+QUESTION_RE = re.compile(rb"QUESTION: what value did (port_\d+) have")
+SUMMARY_MARK = b"You condense an AI agent's working history"
+
+
+def answer(body: bytes) -> bytes:
+    if SUMMARY_MARK in body:
+        text = "(mock summary)"
+    elif (m := QUESTION_RE.search(body)) is not None:
+        fact = re.search(re.escape(m.group(1)) + rb" = (\d+)", body)
+        text = fact.group(1).decode() if fact else "unknown"
+    else:
+        text = "ok"
+    return chat_answer(body, {"role": "assistant", "content": text}, "stop", 4, "mock")
+
+
+class ContextUpstream(MockProtocol):
+    def respond(self, head: bytes, body: bytes) -> None:
+        if head.startswith(b"get /v1/models "):
+            data = {"object": "list", "data": [{"id": "mock", "max_model_len": 8192}]}
+            self.write_answer(orjson.dumps(data))
+        elif head.startswith(b"post /v1/chat/completions ") and not STREAM_RE.search(body):
+            self.write_answer(answer(body))
+        else:
+            super().respond(head, body)
+
+
+async def serve(port: int) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: ContextUpstream(4, 0.0), "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    asyncio.run(serve(parser.parse_args().port))
+
+
+if __name__ == "__main__":
+    main()
