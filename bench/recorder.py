@@ -14,7 +14,12 @@ Part 2: raw ``StepWriter`` commits (batches of 256 agent steps with token ids,
 logprobs, a tool call and reward rows) into SQLite and into a throwaway
 PostgreSQL server, when one can be started.
 
-    python -m bench.recorder [--quick] [--latency-ms 50] [--plot docs/img/recorder.png]
+Part 3: the writer on agent sessions (14 growing steps of bench.agent_body each, many
+sessions at once), with prompt ids stored by reference to the previous step
+(``agent_writer_cpu_ms_per_step``, ``agent_prompt_kib_per_step``) and stored whole as
+before (``..._whole``), alternated in one run.
+
+    python -m bench.recorder [--quick] [--sessions-only] [--latency-ms 50] [--plot FILE]
 
 The last line printed is one JSON object. ``throughput_ratio_recording_on`` is the
 engine-bound non-streamed ratio (32 clients, 50 ms per answer: at most 640
@@ -27,6 +32,7 @@ own core is the limit.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import tempfile
@@ -34,6 +40,9 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+import orjson
+from sqlalchemy import func, select
 
 from bench.gateway_overhead import CLIENT_CORE, GEARSHIFT_CORE, Target, free_port, loadgen
 from bench.procs import pinned, process_cpu_seconds, start, stop, wait_http
@@ -170,6 +179,104 @@ def store_rate(url: str, batches: int) -> float:
     return rate
 
 
+def agent_sessions(url: str, sessions: int, prompt_cache_mb: float) -> dict[str, float]:
+    """Part 3: the writer on agent sessions as they arrive. Each session is 14 steps of the
+    agent body (bench.agent_body) growing by one tool call and its result a step, with the
+    prompt ids a vLLM-like engine returns (bytes, as the request path hands them over) and
+    the chain hashes the request path computes. ``prompt_cache_mb=0`` stores every prompt
+    whole (the writer before prompt ids by reference). CPU-ms per step in the writer, and
+    the stored size of the prompts per step."""
+    from bench.agent_body import agent_body
+    from gateway.recording.cut import as_written, cut_prompt_ids
+    from gateway.recording.records import ChainHashes, ChoiceCapture, RawJson, StepRecord
+    from gateway.recording.writer import StepWriter
+    from gateway.recording.writer_process import encode, encode_step, read_frame, to_record
+    from gateway.store import chain
+    from gateway.store.database import make_engine, upgrade
+    from gateway.store.schema import steps
+
+    def prompt_ids(n: int) -> RawJson:
+        # cut out of an answer as the request path does (bench.mock_upstream's ids)
+        answer = b'{"prompt_token_ids":' + orjson.dumps(list(range(1, n + 1))) + b"}"
+        ids = cut_prompt_ids(answer)[1]
+        assert ids is not None
+        return ids
+
+    body = agent_body()
+    messages = body["messages"]
+    records = []
+    for k in range(1, 15):  # step k: the system prompt, the task and k - 1 tool rounds
+        request = dict(body, messages=messages[: 2 * k])
+        raw = orjson.dumps(request)
+        answer = (
+            messages[2 * k] if 2 * k < len(messages) else {"role": "assistant", "content": "Done."}
+        )
+        history = chain.History(request["messages"])
+        for s in range(sessions):
+            records.append((s, k, raw, ChainHashes(history.prefix(), [history.continuation(answer)]),
+                            answer, prompt_ids(len(raw) // 4)))  # fmt: skip
+    records.sort(key=lambda r: (r[1], r[0]))  # concurrent sessions: step k of each, then k + 1
+
+    def rec(
+        s: int, raw: bytes, hashes: ChainHashes, answer: dict[str, Any], ids: RawJson
+    ) -> StepRecord:
+        return StepRecord(
+            step_ids=[uuid.uuid4().hex], request_id=uuid.uuid4().hex, tenant="bench", api_key="k",
+            endpoint="chat", request=RawJson(raw), external_session=f"agent-{s}", task_id=None,
+            group_id=None, created_at=time.time(), status=200, tier="fast", prompt_token_ids=ids,
+            choices=[ChoiceCapture(0, answer, list(range(1000, 1060)), [-0.5] * 60, "tool_calls")],
+            completion_tokens=60, chain=hashes,
+        )  # fmt: skip
+
+    upgrade(url)
+    engine = make_engine(url)
+    writer = StepWriter(prompt_cache_mb=prompt_cache_mb)
+    built = [rec(s, raw, h, a, ids) for s, _, raw, h, a, ids in records]
+    # as the recorder hands them over: encoded when offered, 64 to a frame; the writer
+    # before this change got the ids as an array of ints in the frame
+    encode_one = encode_step if prompt_cache_mb else lambda r: orjson.dumps(r, default=as_written)
+    frames = [
+        encode(
+            {"batch": i, "records": [orjson.Fragment(encode_one(r)) for r in built[at : at + 64]]}
+        )
+        for i, at in enumerate(range(0, len(built), 64))
+    ]
+    started = time.process_time()
+    for frame in frames:  # what the writer process does with each frame
+        parsed = read_frame(io.BytesIO(frame))
+        with engine.begin() as conn:
+            writer.write(conn, [to_record(d) for d in parsed["records"]])
+    cpu = time.process_time() - started
+    with engine.connect() as conn:
+        stored = conn.execute(select(func.sum(func.length(steps.c.prompt_token_ids)))).scalar()
+    engine.dispose()
+    return {
+        "cpu_ms_per_step": round(cpu * 1000 / len(built), 3),
+        "prompt_kib_per_step": round(int(stored or 0) / 1024 / len(built), 2),
+    }
+
+
+def session_runs(tmp: Path, quick: bool) -> dict[str, dict[str, float]]:
+    """Part 3, both writers alternated in one window, best of three (one when quick)."""
+    n = 4 if quick else 32
+    runs: dict[str, list[dict[str, float]]] = {"ref": [], "whole": []}
+    for i in range(1 if quick else 3):
+        for name, mb in (("whole", 0.0), ("ref", 64.0)):
+            runs[name].append(agent_sessions(f"sqlite:///{tmp}/agent-{name}-{i}.db", n, mb))
+    agent = {k: min(v, key=lambda r: r["cpu_ms_per_step"]) for k, v in runs.items()}
+    print(f"agent sessions: writer {agent['ref']} by reference, {agent['whole']} whole", flush=True)
+    return agent
+
+
+def agent_keys(agent: dict[str, dict[str, float]]) -> dict[str, float]:
+    return {
+        "agent_writer_cpu_ms_per_step": agent["ref"]["cpu_ms_per_step"],
+        "agent_writer_cpu_ms_per_step_whole": agent["whole"]["cpu_ms_per_step"],
+        "agent_prompt_kib_per_step": agent["ref"]["prompt_kib_per_step"],
+        "agent_prompt_kib_per_step_whole": agent["whole"]["prompt_kib_per_step"],
+    }
+
+
 def store_rates(tmp: Path, quick: bool) -> dict[str, float]:
     batches = 4 if quick else 20
     rates = {"sqlite": store_rate(f"sqlite:///{tmp}/raw.db", batches)}
@@ -229,9 +336,17 @@ def main() -> None:
         "--concurrency", type=int, default=32,
         help="clients in the engine-bound run: at most concurrency/latency requests/s",
     )  # fmt: skip
+    p.add_argument(
+        "--sessions-only", action="store_true",
+        help="only part 3 (the writer on agent sessions, by reference vs whole)",
+    )  # fmt: skip
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="gearshift-bench-recorder-") as d:
         tmp = Path(d)
+        agent = session_runs(tmp, a.quick)
+        if a.sessions_only:
+            print(json.dumps(agent_keys(agent)))
+            return
         saturated = throughput(tmp, 0.0, 16, a.quick)
         engine_bound = throughput(tmp, a.latency_ms, a.concurrency, a.quick)
         rates = store_rates(tmp, a.quick)
@@ -252,6 +367,7 @@ def main() -> None:
         "engine_bound": engine_bound,
         "steps_per_s": round(rates["sqlite"]),
         "steps_per_s_postgresql": round(rates["postgresql"]) if "postgresql" in rates else None,
+        **agent_keys(agent),
     }
     if a.plot:
         plot(result, a.plot)

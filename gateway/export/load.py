@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection, func, select
 
-from gateway.store import codec
+from gateway.store import codec, prompt_refs
 from gateway.store.rewards import combined
 from gateway.store.schema import blobs, feedback, rewards, sessions, steps, tool_calls
 
@@ -128,15 +128,16 @@ def _load(
     for r in rw:
         if r["scope"] == "step" and r["step_id"]:
             by_step.setdefault(r["step_id"], {})[r["name"]] = r["value"]
+    rows = [row._mapping for row in conn.execute(q)]
+    prompts = prompt_refs.prompt_ids(conn, rows)
     out = []
-    for row in conn.execute(q):
-        m = row._mapping
+    for m in rows:
         comps = by_step.get(m["id"], {})
         out.append(
             Step(
                 id=m["id"], seq=m["seq"], choice_index=m["choice_index"], tier=m["tier"],
                 model=m["model"], request=orjson.loads(m["body"]), response=m["response"],
-                prompt_ids=codec.unpack_ids(m["prompt_token_ids"]),
+                prompt_ids=prompts[m["id"]],
                 completion_ids=codec.unpack_ids(m["completion_token_ids"]),
                 logprobs=codec.unpack_floats(m["logprobs"]), finish_reason=m["finish_reason"],
                 status=m["status"], rewritten=m["rewritten"], propensity=m["propensity"],

@@ -25,6 +25,25 @@ _SPACE = b" \t\r\n"
 _INTEGERS = b"0123456789-," + _SPACE
 
 
+class PromptIds(RawJson):
+    """A prompt's ids as cut here: a JSON array of digits, ``-`` and ``,`` (spaces allowed),
+    kept between two quotes (one copy out of the answer, as before) so that the recorder's
+    frame carries it as a JSON string without another copy
+    (``gateway.recording.writer_process.encode_step``)."""
+
+    __slots__ = ("quoted",)
+
+    def __init__(self, quoted: bytes) -> None:  # the array's bytes between two quotes
+        self.quoted = quoted
+
+    @property
+    def data(self) -> bytes:  # type: ignore[override]
+        return self.quoted[1:-1]
+
+
+_PLAIN = b"0123456789-, "  # no line breaks or tabs: may stand inside a JSON string
+
+
 def cut_prompt_ids(raw: bytes) -> tuple[bytes, RawJson | None]:
     """``raw`` with its ``prompt_token_ids`` array replaced by ``null``, and the array's
     bytes; ``(raw, None)`` when there is no such array."""
@@ -37,9 +56,14 @@ def cut_prompt_ids(raw: bytes) -> tuple[bytes, RawJson | None]:
     if raw[start : start + 1] != b"[":
         return raw, None  # null, or not an array
     end = raw.find(b"]", start)
-    if end < 0 or raw[start + 1 : end].translate(None, _INTEGERS):
+    if end < 0:
+        return raw, None
+    rest = raw[:start] + b"null" + raw[end + 1 :]
+    if not raw[start + 1 : end].translate(None, _PLAIN):
+        return rest, PromptIds(b"".join((b'"', memoryview(raw)[start : end + 1], b'"')))
+    if raw[start + 1 : end].translate(None, _INTEGERS):
         return raw, None  # not integers only (nested arrays, strings): not ours to cut
-    return raw[:start] + b"null" + raw[end + 1 :], RawJson(raw[start : end + 1])
+    return rest, RawJson(raw[start : end + 1])
 
 
 def as_written(value: object) -> orjson.Fragment:

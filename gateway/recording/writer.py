@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection
 
+from gateway.recording import context_event
 from gateway.recording.batch import (
     CALL_BY_ID,
     CALL_SIGS,
@@ -38,6 +39,7 @@ from gateway.recording.batch import (
     session_row,
     text_of,
 )
+from gateway.recording.prompt_ref import Encoded, Lasts, encode
 from gateway.recording.records import ChoiceCapture, RawJson, StepRecord, ToolResultRecord
 from gateway.store import chain, codec, rewards
 from gateway.store.rows import insert_ignore, now_utc, session_key
@@ -50,13 +52,20 @@ log = logging.getLogger(__name__)
 class StepWriter:
     """Writes records; keeps caches (tenants, chains, next seq, tool calls) across batches."""
 
-    def __init__(self, hooks: list[tuple[str, rewards.Hook]] | None = None, cache: int = 100_000):
+    def __init__(
+        self,
+        hooks: list[tuple[str, rewards.Hook]] | None = None,
+        cache: int = 100_000,
+        prompt_cache_mb: float = 64.0,
+    ):
         self.hooks = hooks or []
         self._cache = cache
         self._tenants: set[str] = set()
         self._chains = LRU(cache)  # (tenant, continuation hash) -> session id
         self._seq = LRU(cache)  # session id -> next seq
         self._calls = LRU(cache // 10)  # session id -> signatures of its tool calls
+        # session id -> its last step's prompt ids, which the next one's refer to
+        self._lasts = Lasts(int(prompt_cache_mb * 2**20))
         self._pending = Pending()
 
     def forget_caches(self) -> None:
@@ -65,6 +74,7 @@ class StepWriter:
         self._chains.clear()
         self._seq.clear()
         self._calls.clear()
+        self._lasts.clear()
         self._pending = Pending()
 
     def write(self, conn: Connection, records: Sequence[StepRecord | ToolResultRecord]) -> None:
@@ -96,11 +106,14 @@ class StepWriter:
                 history = chain.History(messages)
                 prefix = history.prefix()
         sid, rewritten = self._session(conn, rec, prefix)
+        if rec.context is not None:  # a condensed prompt: its summary steps, then the event
+            self._condensation(conn, rec, sid)
         seq = self._next_seq(conn, sid)
         if seq == 0:
             self._pending.fresh.add(sid)
         created = now_utc(rec.created_at)
         schemas = tool_schemas(request.get("tools"))
+        prompt, last = encode(self._lasts.get(sid), rec.prompt_token_ids, self._lasts.budget > 0)
         step_rows, reward_rows, call_rows = [], [], []
         choices = rec.choices or [ChoiceCapture(0)]
         for i, (step_id, choice) in enumerate(zip(rec.step_ids, choices, strict=False)):
@@ -110,7 +123,7 @@ class StepWriter:
                 cont = history.continuation(choice.message) if history is not None else None
             if cont is not None:
                 self._chains.put(f"{rec.tenant}\x00{cont}", sid)
-            step_rows.append(self._step_row(rec, step_id, choice, sid, seq, sha, created))
+            step_rows.append(self._step_row(rec, step_id, choice, sid, seq, sha, prompt, created))
             step_rows[-1].update(
                 rewritten=rewritten, prefix_sha256=prefix, continuation_sha256=cont
             )
@@ -137,6 +150,9 @@ class StepWriter:
             reward_rows += [
                 reward_row(rec, sid, step_id, None, n, v, created) for n, v in comps.items()
             ]
+        if last is not None:  # the next step of this session refers to this one's ids
+            last.choices = [(i, c.token_ids) for i, c in zip(rec.step_ids, choices, strict=False)]
+            self._lasts.put(sid, last)
         # The results this request carries answer earlier calls, not this step's own.
         reward_rows += self._tool_results(conn, rec, sid, rec.step_ids[0], messages, created)
         p = self._pending
@@ -145,6 +161,28 @@ class StepWriter:
         p.rewards.extend(reward_rows)
 
     # -- pieces ------------------------------------------------------------
+
+    def _condensation(self, conn: Connection, rec: StepRecord, sid: str) -> None:
+        asides = [self._aside(conn, s, sid) for s in context_event.summary_steps(rec)]
+        event = context_event.event_row(rec, sid, asides[-1] if asides else None)
+        self._pending.events.append(event)
+
+    def _aside(self, conn: Connection, rec: StepRecord, sid: str) -> str:
+        """A step of session ``sid`` that is not the agent's own (a summary's model call):
+        outside the session's chain of histories."""
+        request = _parsed(rec.request)
+        body = orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
+        sha = hashlib.sha256(body).hexdigest()
+        self._pending.blobs[sha] = {"sha256": sha, "body": body}
+        seq = self._next_seq(conn, sid)
+        if seq == 0:
+            self._pending.fresh.add(sid)
+        prompt, _ = encode(None, rec.prompt_token_ids)  # whole: the agent's steps refer on
+        row = self._step_row(rec, rec.step_ids[0], rec.choices[0], sid, seq, sha, prompt,
+                             now_utc(rec.created_at))  # fmt: skip
+        row.update(rewritten=False, prefix_sha256=None, continuation_sha256=None)
+        self._pending.steps.append(row)
+        return rec.step_ids[0]
 
     def _ensure_tenant(self, conn: Connection, tenant: str) -> None:
         if tenant not in self._tenants:
@@ -194,6 +232,7 @@ class StepWriter:
         sid: str,
         seq: int,
         sha: str,
+        prompt: Encoded,
         created: datetime,
     ) -> dict[str, Any]:
         return {
@@ -206,7 +245,9 @@ class StepWriter:
             "endpoint": rec.endpoint,
             "request_sha256": sha,
             "response": choice.message,
-            "prompt_token_ids": codec.pack_ids(_parsed(rec.prompt_token_ids)),
+            "prompt_token_ids": prompt.ids,
+            "prompt_ref_step": prompt.ref,
+            "prompt_ref_len": prompt.shared,
             "completion_token_ids": codec.pack_ids(choice.token_ids),
             "logprobs": codec.pack_floats(choice.logprobs)
             if choice.token_ids is not None

@@ -38,8 +38,14 @@ import orjson
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from gateway.recording.cut import as_written
-from gateway.recording.records import ChainHashes, ChoiceCapture, StepRecord, ToolResultRecord
+from gateway.recording.cut import PromptIds
+from gateway.recording.records import (
+    ChainHashes,
+    ChoiceCapture,
+    RawJson,
+    StepRecord,
+    ToolResultRecord,
+)
 from gateway.recording.writer import StepWriter
 from gateway.store.database import make_engine
 from gateway.store.rewards import load_hooks
@@ -61,8 +67,21 @@ def encode(message: Any) -> bytes:
 def encode_step(rec: Record) -> bytes:
     """A record as its entry in a batch frame (``orjson.Fragment`` of it), encoded once
     when it is offered: the queue then holds bytes, which the collector never walks,
-    instead of the record's objects."""
-    return orjson.dumps(rec, default=as_written)
+    instead of the record's objects.
+
+    A prompt's ids as the request path cut them (``cut.PromptIds``) go in as a JSON
+    *string* holding the array (the bytes were cut with their quotes): the writer
+    process then parses one string, not some 10,000 ints, and compares its bytes with the
+    session's previous prompt (``prompt_ref``); ``to_record`` turns it back into bytes."""
+    return orjson.dumps(rec, default=_in_frame)
+
+
+def _in_frame(value: object) -> orjson.Fragment:
+    if isinstance(value, PromptIds):
+        return orjson.Fragment(value.quoted)
+    if isinstance(value, RawJson):
+        return orjson.Fragment(value.data)
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 def read_frame(stream: BinaryIO) -> Any | None:
@@ -82,6 +101,8 @@ def to_record(d: dict[str, Any]) -> StepRecord | ToolResultRecord:
     if d.get("kind") == "tool_result":
         return ToolResultRecord(**d)
     d["choices"] = [ChoiceCapture(**c) for c in d.get("choices") or ()]
+    if isinstance(d.get("prompt_token_ids"), str):  # see ``encode_step``
+        d["prompt_token_ids"] = RawJson(d["prompt_token_ids"].encode("ascii"))
     if d.get("chain") is not None:
         d["chain"] = ChainHashes(**d["chain"])
     return StepRecord(**d)
@@ -154,7 +175,12 @@ class BatchWriter:
         )  # fmt: skip
         self.dead_letter.parent.mkdir(parents=True, exist_ok=True)
         with self.dead_letter.open("ab") as f:
-            f.write(orjson.dumps(rec, default=str) + b"\n")
+            f.write(orjson.dumps(rec, default=_dead) + b"\n")
+
+
+def _dead(value: object) -> object:
+    """What a dead letter holds: raw JSON (a prompt's ids) as the JSON it is, else text."""
+    return orjson.Fragment(value.data) if isinstance(value, RawJson) else str(value)
 
 
 def _is_connection_error(exc: OperationalError) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select, update
 
-from gateway.store import codec
+from gateway.store import codec, prompt_refs
 from gateway.store import rewards as reward_fns
 from gateway.store.rows import insert_ignore, now_utc, session_key
 from gateway.store.schema import feedback, sessions, steps, tenants, tool_calls
@@ -137,7 +137,8 @@ def get_step(conn: Connection, tenant: str, step_id: str) -> dict[str, Any]:
     ).first()
     if row is None:
         raise NotFound(f"no step {step_id!r}")
-    return step_view(row._mapping)
+    prompts = prompt_refs.prompt_ids(conn, [row._mapping])
+    return step_view(row._mapping, prompts[step_id])
 
 
 def get_session(conn: Connection, tenant: str, ident: str) -> dict[str, Any]:
@@ -147,6 +148,7 @@ def get_session(conn: Connection, tenant: str, ident: str) -> dict[str, Any]:
         .where(steps.c.session_id == row.id)
         .order_by(steps.c.seq, steps.c.choice_index)
     ).all()
+    prompts = prompt_refs.prompt_ids(conn, [r._mapping for r in rows])
     rw = conn.execute(
         select(rewards_t.c.scope, rewards_t.c.name, rewards_t.c.value, rewards_t.c.step_id)
         .where(rewards_t.c.session_id == row.id)
@@ -160,13 +162,14 @@ def get_session(conn: Connection, tenant: str, ident: str) -> dict[str, Any]:
         "group_id": m["group_id"],
         "status": m["status"],
         "outcome": m["outcome"],
-        "steps": [step_view(r._mapping) for r in rows],
+        "steps": [step_view(r._mapping, prompts[r.id]) for r in rows],
         "rewards": [dict(r._mapping) for r in rw],
     }
 
 
-def step_view(m: Any) -> dict[str, Any]:
-    """A step as the API shows it (token arrays decoded)."""
+def step_view(m: Any, prompt_ids: list[int] | None) -> dict[str, Any]:
+    """A step as the API shows it (token arrays decoded; the whole prompt's ids, rebuilt by
+    ``prompt_refs``)."""
     return {
         "id": m["id"],
         "session_id": m["session_id"],
@@ -185,7 +188,7 @@ def step_view(m: Any) -> dict[str, Any]:
         "escalated": m["escalated"],
         "fallback": m["fallback"],
         "response": m["response"],
-        "prompt_token_ids": codec.unpack_ids(m["prompt_token_ids"]),
+        "prompt_token_ids": prompt_ids,
         "completion_token_ids": codec.unpack_ids(m["completion_token_ids"]),
         "logprobs": codec.unpack_floats(m["logprobs"]),
         "created_at": m["created_at"].isoformat() if m["created_at"] else None,

@@ -5,16 +5,18 @@ Entities, from the outside in::
     tenants ─< sessions ─< steps ─< tool_calls
                   │          └─< rewards (scope step / tool_call)
                   ├─< rewards (scope session)
+                  ├─< context_events (condensations of its context; ``gateway.recording.context_event``)
                   └─< feedback
     blobs: content-addressed request payloads (messages, prompt, tools), shared by steps
     responses ─< response_items: the Responses API's stored state (``gateway.store.responses``)
-    tenants ─< api_keys, limits, usage_windows; access_changes: keys and budgets
-    (``gateway.store.keys``, ``gateway.store.ledger``)
+    tenants ─< api_keys, limits, usage_windows, usage_leases; access_changes: keys and
+    budgets (``gateway.store.keys``, ``gateway.store.ledger``)
 
 A session is an episode (one agent trajectory). A step is one model call and one
 choice of it: its exact prompt and completion token ids and per-token behaviour
 log-probabilities are stored as packed little-endian arrays (see ``codec``), which is
-what an importance-sampling RL run needs and what re-tokenizing text cannot give back.
+what an importance-sampling RL run needs and what re-tokenizing text cannot give back; a
+prompt as a reference to an earlier step's ids plus its own new ones (``prompt_refs``).
 Every row carries ``tenant_id`` so that each query can be scoped to one tenant
 without a join.
 """
@@ -95,7 +97,17 @@ steps = Table(
     Column("endpoint", String(16), nullable=False),
     Column("request_sha256", String(64), ForeignKey("blobs.sha256"), nullable=False),
     Column("response", JSON, comment="the assistant message (or completion text) of this choice"),
-    Column("prompt_token_ids", LargeBinary, comment="int32 LE, exactly as vLLM returned"),
+    Column(
+        "prompt_token_ids",
+        LargeBinary,
+        comment="int32 LE: the prompt's ids after the prompt_ref_len it shares (store.prompt_refs)",
+    ),
+    Column(
+        "prompt_ref_step",
+        String(ID),
+        comment="earlier step of the session whose prompt + completion this prompt extends",
+    ),
+    Column("prompt_ref_len", Integer, comment="ids shared with prompt_ref_step's"),
     Column("completion_token_ids", LargeBinary, comment="int32 LE"),
     Column("logprobs", LargeBinary, comment="float32 LE, one per completion token"),
     Column("tier", String(8)),
@@ -249,6 +261,25 @@ usage_windows = Table(
     Column("reserved", BigInteger, nullable=False, comment="admitted, not yet settled"),
 )
 
+usage_leases = Table(
+    "usage_leases",
+    metadata,
+    Column("tenant_id", String(128), primary_key=True),
+    Column("key_name", String(128), primary_key=True),
+    Column("window", String(16), primary_key=True),
+    Column("unit", String(8), primary_key=True),
+    Column("holder", String(64), primary_key=True, comment="the replica: host:pid:random"),
+    Column(
+        "amount",
+        BigInteger,
+        nullable=False,
+        comment="part of the counter's reserved that is this replica's",
+    ),
+    Column(
+        "expires_ms", BigInteger, nullable=False, comment="Unix ms; renewed while the replica lives"
+    ),
+)
+
 access_changes = Table(
     "access_changes",
     metadata,
@@ -320,4 +351,36 @@ kill_switch_events = Table(
     Column("reason", Text),
     Column("actor", String(128), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+context_events = Table(
+    "context_events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("tenant_id", String(128), ForeignKey("tenants.id"), nullable=False),
+    Column("session_id", String(ID), ForeignKey("sessions.id"), nullable=False),
+    Column(
+        "step_id",
+        String(ID),
+        ForeignKey("steps.id"),
+        nullable=False,
+        comment="the step whose prompt was condensed",
+    ),
+    Column("api", String(16), nullable=False, comment="chat | responses | compact"),
+    Column("masked", Integer, nullable=False, comment="tool outputs masked"),
+    Column("clipped", Integer, nullable=False, comment="tool outputs clipped"),
+    Column("summarized", Integer, nullable=False, comment="messages one summary stands for"),
+    Column("dropped", Integer, nullable=False, comment="messages removed without a summary"),
+    Column("tokens_before", Integer, nullable=False),
+    Column("tokens_after", Integer, nullable=False),
+    Column("exact", Boolean, nullable=False, comment="tokens_after is the tier's own count"),
+    Column("summarizer", String(16), comment="fast | full | extractive | reused"),
+    Column("summary", Text),
+    Column(
+        "summary_step_id",
+        String(ID),
+        comment="the step that wrote the summary (no key: recorded on its own)",
+    ),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Index("ix_context_events_session", "session_id", "id"),
 )
