@@ -16,10 +16,14 @@ Then the budget burst: a second gateway on the same store, a tenant whose daily 
 admits ten requests' reservations, 50 concurrent requests split across the two processes.
 ``budget_overshoot`` is the tokens charged past the budget (must be 0).
 
-    python -m bench.admission [--quick] [--postgres URL]
+    python -m bench.admission [--quick] [--postgres URL] [--ledger]
 
-Without ``--postgres`` a throwaway PostgreSQL server is started from the repository's test
-support (Debian's postgresql package); without one the PostgreSQL figures are skipped. The
+``--ledger`` measures admission alone, in this process, without a gateway or an HTTP
+request: CPU-ms (this process, the ledger's thread included), wall ms and store
+transactions per admit + settle of the ``limited`` tenant's request, one at a time.
+
+Without ``--postgres`` a throwaway PostgreSQL server is started (``bench.pgserver``, on
+Debian's postgresql package); without one the PostgreSQL figures are skipped. The
 last line printed is one JSON object: ``added_cpu_ms_per_req`` and ``added_p50_ms`` are the
 worst over the stores at concurrency 1 (no batching to share a transaction).
 """
@@ -42,6 +46,7 @@ import orjson
 
 from bench.loadgen import body as request_body
 from bench.loadgen import run as loadgen
+from bench.pgserver import throwaway_postgres
 from bench.procs import pinned, start, stop, tree_cpu_seconds, wait_http
 from bench.proxies import CLIENT_CORE, GEARSHIFT_CORE, free_port
 from gateway.access import windows
@@ -168,21 +173,69 @@ def postgres(url: str | None) -> Iterator[str | None]:
         return
     with contextlib.ExitStack() as stack:
         try:
-            sys.path.insert(0, str(ROOT))
-            from tests.support.postgres import postgres_server
-
-            started: str | None = stack.enter_context(postgres_server())
-        except (ImportError, RuntimeError) as exc:  # no server binaries here
+            started: str | None = stack.enter_context(throwaway_postgres())
+        except RuntimeError as exc:  # no server binaries here
             print(f"PostgreSQL skipped: {exc}", flush=True)
             started = None
         yield started
+
+
+def admission_alone(url: str, requests: int) -> dict[str, float]:
+    """Admission without the gateway: CPU-ms, wall ms and store transactions per admit +
+    settle of the ``limited`` tenant's request (its key's and tenant's eight counters), one
+    request at a time (as at concurrency 1), in this process."""
+    from gateway.access.admission import Admission, Limits
+    from gateway.access.ledger import Ledger
+    from gateway.auth import Authenticator
+    from gateway.config import AuthSettings
+    from gateway.metrics import Metrics
+
+    prepare_schema(url, migrate=True)
+    raw = request_body("auto", False)
+    payload = orjson.loads(raw)
+    limits = Limits(**LIMITS)  # type: ignore[arg-type]
+    admission = Admission(Authenticator(AuthSettings()), Metrics(), 4096)
+    admission.limits = {("ledger", ""): limits, ("ledger", "bench"): limits}
+
+    async def run() -> tuple[float, float, int]:
+        ledger = admission.ledger = Ledger(url)
+        try:
+            for i in range(50 + requests):
+                if i == 50:  # warmed up
+                    done = getattr(ledger, "transactions", 0)
+                    cpu, wall = time.process_time(), time.perf_counter()
+                ticket = await admission.admit("ledger", "bench", payload, raw)
+                assert ticket is not None
+                ticket.settle(MAX_TOKENS + 20)
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            return cpu, wall, getattr(ledger, "transactions", 0) - done
+        finally:
+            ledger.close()
+
+    cpu, wall, transactions = asyncio.run(run())
+    return {"cpu_ms_per_req": round(1000 * cpu / requests, 4),
+            "wall_ms_per_req": round(1000 * wall / requests, 4),
+            "transactions_per_req": round(transactions / requests, 4)}  # fmt: skip
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--postgres", help="an empty PostgreSQL database's URL")
+    p.add_argument("--ledger", action="store_true", help="admission alone, in this process")
     args = p.parse_args()
+    if args.ledger:
+        with tempfile.TemporaryDirectory(prefix="bench-ledger-") as name:
+            urls = {"sqlite": f"sqlite:///{name}/store.db"}
+            with postgres(args.postgres) as pg:
+                if pg is not None:
+                    urls["postgresql"] = pg
+                out = {
+                    kind: admission_alone(url, 500 if args.quick else 5000)
+                    for kind, url in urls.items()
+                }
+        print(orjson.dumps(out).decode())
+        return
     with contextlib.suppress(AttributeError, OSError):
         os.sched_setaffinity(0, {CLIENT_CORE % (os.cpu_count() or 1)})
     results: dict[str, Any] = {}

@@ -3,6 +3,7 @@ token budgets (docs/operations.md).
 
     sync       each replica's copy of the store's keys and limits, refreshed on change
     admission  a request's scope check and its reservation against every configured limit
-    ledger     the reservations, batched into one store transaction per turn of its thread
+    shares     this replica's leased blocks of each counter, reserved from without the store
+    ledger     the store transactions that grant, flush and return them, batched per turn
     windows    the UTC minute, day and month a counter belongs to
 """

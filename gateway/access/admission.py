@@ -1,7 +1,8 @@
 """Admission: may this request run, within its key's scope and every limit set for its key
 and tenant? Decided before routing, for each model step (a Responses loop's too).
 
-A request with limits reserves, in one ledger transaction (``gateway.access.ledger``):
+A request with limits reserves, from this replica's leased blocks when they cover it and
+otherwise in one ledger transaction (``gateway.access.ledger``, ``gateway.access.shares``):
 one request per requests-per-minute counter, and its token estimate (prompt bytes / 4,
 plus ``max_tokens`` or ``limits.reserve_max_tokens``, times ``n``) on each tokens per
 minute, day and month counter. Refused: 429 with ``Retry-After`` for a per-minute limit,
@@ -73,6 +74,8 @@ class Admission:
         self.reserve_max_tokens = reserve_max_tokens
         self.ledger: Ledger | None = None  # set when the store is on
         self.limits: Mapping[tuple[str, str], Limits] = {}  # replaced by the sync
+        # a key's or tenant's counters in the current windows, built once per second
+        self._counters: dict[tuple[str, str, int], tuple[Limits, list[Counter]]] = {}
 
     async def admit(
         self, tenant: str, key_name: str, body: Mapping[str, Any], raw: bytes
@@ -97,13 +100,26 @@ class Admission:
         items: Taken = []
         for name, limits in ((key_name, own), ("", shared)):
             if limits is not None:
-                items += _counters(tenant, name, limits, now, tokens)
+                for c in self._counters_of(tenant, name, limits, now):
+                    items.append((c, 1 if c.unit == "requests" else tokens))
         if not items:
             return None
         result = await self.ledger.reserve(items)
         if isinstance(result, Counter):
             raise self._refused(result, tokens, now)
-        return Ticket(self.ledger, items, self._warnings(tenant, items, result))
+        soft_least = min(lim.soft_percent for lim in (own, shared) if lim is not None)
+        return Ticket(self.ledger, items, self._warnings(tenant, items, result, soft_least))
+
+    def _counters_of(self, tenant: str, name: str, limits: Limits, now: float) -> list[Counter]:
+        second = int(now)
+        cached = self._counters.get((tenant, name, second))
+        if cached is not None and cached[0] is limits:
+            return cached[1]
+        if len(self._counters) > 10_000:  # past seconds' entries
+            self._counters.clear()
+        built = _counters(tenant, name, limits, now)
+        self._counters[(tenant, name, second)] = (limits, built)
+        return built
 
     def _refused(self, counter: Counter, tokens: int, now: float) -> Exception:
         period = windows.period_of(counter.window)
@@ -127,10 +143,14 @@ class Admission:
             headers=headers,
         )
 
-    def _warnings(self, tenant: str, items: Taken, totals: list[int]) -> dict[str, str]:
+    def _warnings(
+        self, tenant: str, items: Taken, totals: list[int], soft_least: int
+    ) -> dict[str, str]:
         """Budgets past their soft threshold: a header for the client, a metric to alert on."""
         notes = []
         for (counter, _), total in zip(items, totals, strict=True):
+            if 100 * total < soft_least * counter.cap:  # below either soft threshold
+                continue
             period = windows.period_of(counter.window)
             if period == "minute":
                 continue
@@ -144,18 +164,18 @@ class Admission:
         return {WARNING_HEADER: ", ".join(notes)} if notes else {}
 
 
-def _counters(tenant: str, name: str, limits: Limits, now: float, tokens: int) -> Taken:
+def _counters(tenant: str, name: str, limits: Limits, now: float) -> list[Counter]:
     minute = windows.window("minute", now)
-    out: Taken = []
+    out: list[Counter] = []
     if limits.requests_per_minute is not None:
-        out.append((Counter(tenant, name, minute, "requests", limits.requests_per_minute), 1))
+        out.append(Counter(tenant, name, minute, "requests", limits.requests_per_minute))
     for cap, period in (
         (limits.tokens_per_minute, "minute"),
         (limits.tokens_per_day, "day"),
         (limits.tokens_per_month, "month"),
     ):
         if cap is not None:
-            out.append((Counter(tenant, name, windows.window(period, now), "tokens", cap), tokens))  # type: ignore[arg-type]
+            out.append(Counter(tenant, name, windows.window(period, now), "tokens", cap))  # type: ignore[arg-type]
     return out
 
 

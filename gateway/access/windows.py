@@ -13,7 +13,16 @@ FORMATS: dict[Period, str] = {"minute": "%Y-%m-%dT%H:%M", "day": "%Y-%m-%d", "mo
 
 
 def window(period: Period, now: float) -> str:
-    return time.strftime(FORMATS[period], time.gmtime(now))
+    second = int(now)
+    name = _named.get((period, second))
+    if name is None:
+        if len(_named) > 1000:
+            _named.clear()
+        name = _named[(period, second)] = time.strftime(FORMATS[period], time.gmtime(second))
+    return name
+
+
+_named: dict[tuple[Period, int], str] = {}  # windows of recent seconds: strftime costs
 
 
 def period_of(name: str) -> Period:

@@ -1,16 +1,26 @@
 """The usage ledger on a real store (SQLite and PostgreSQL): caps hold under concurrent
-reservations, a refused request keeps none of its counters, settlements land."""
+reservations from two replicas, a refused request keeps none of its counters, settlements
+land; far from a cap a replica admits from blocks without a store round trip, near it
+per request; a replica that dies holding a block under-admits only until its lease ends."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 from sqlalchemy import select
 
 from gateway.access.ledger import Ledger
 from gateway.store.database import make_engine, upgrade
 from gateway.store.ledger import Counter
-from gateway.store.schema import usage_windows
+from gateway.store.schema import usage_leases, usage_windows
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def rows(url: str) -> dict[tuple[str, str], tuple[int, int]]:
@@ -23,10 +33,19 @@ def rows(url: str) -> dict[tuple[str, str], tuple[int, int]]:
     return {(r.key_name, r.unit): (r.used, r.reserved) for r in found}
 
 
+def leases(url: str) -> list[tuple[str, int]]:
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            return [(r.holder, r.amount) for r in conn.execute(select(usage_leases))]
+    finally:
+        engine.dispose()
+
+
 def test_concurrent_reservations_never_pass_a_cap(store_url: str):
     upgrade(store_url)
-    tenant = Counter("t", "", "2026-12-02", "tokens", 370)
-    key = Counter("t", "k", "2026-12-02", "tokens", 10_000)
+    tenant = Counter("t", "", "2026-12-02", "tokens", 370)  # near its cap from the start
+    key = Counter("t", "k", "2026-12-02", "tokens", 10_000)  # far: taken in blocks
     requests = Counter("t", "k", "2026-12-02T00:25", "requests", 1_000)
 
     async def scenario() -> list[object]:
@@ -34,9 +53,9 @@ def test_concurrent_reservations_never_pass_a_cap(store_url: str):
         try:
             items = [(requests, 1), (key, 10), (tenant, 10)]
             results = await asyncio.gather(*[ledgers[i % 2].reserve(items) for i in range(100)])
-            admitted = [r for r in results if isinstance(r, list)]
-            for _ in admitted:  # each used 4 tokens of its 10
-                ledgers[0].settle([(requests, 1, 1), (key, 10, 4), (tenant, 10, 4)])
+            for i, result in enumerate(results):  # each admitted one used 4 tokens of its 10
+                if isinstance(result, list):
+                    ledgers[i % 2].settle([(requests, 1, 1), (key, 10, 4), (tenant, 10, 4)])
             return results
         finally:
             for ledger in ledgers:
@@ -48,11 +67,106 @@ def test_concurrent_reservations_never_pass_a_cap(store_url: str):
     assert {r for r in results if not isinstance(r, list)} == {tenant}
     totals = sorted(r[2] for r in admitted)
     assert totals == list(range(10, 371, 10))  # each saw the tenant's running total
-    assert rows(store_url) == {
+    assert rows(store_url) == {  # closing wrote what was spent and gave every block back
         ("", "tokens"): (37 * 4, 0),
         ("k", "tokens"): (37 * 4, 0),  # the 63 refused gave back what they took of the key's
         ("k", "requests"): (37, 0),
     }
+    assert leases(store_url) == []
+
+
+def test_far_from_the_cap_requests_are_admitted_from_blocks(store_url: str):
+    upgrade(store_url)
+    day = Counter("t", "", "2026-12-02", "tokens", 10**9)
+    minute = Counter("t", "", "2026-12-02T00:25", "requests", 10**6)
+    items = [(minute, 1), (day, 50)]
+
+    async def scenario() -> None:
+        ledger = Ledger(store_url)
+        try:
+            for _ in range(320):  # one at a time, as at concurrency 1
+                assert isinstance(await ledger.reserve(items), list)
+                ledger.settle([(minute, 1, 1), (day, 50, 30)])
+            # a block is 32 requests' reservations; flushes come every FLUSH_S
+            assert ledger.transactions <= 320 // 8, ledger.transactions
+            assert rows(store_url)[("", "tokens")][1] > 0  # a block is still leased
+            assert [amount for _, amount in leases(store_url)] != []
+        finally:
+            ledger.close()
+        assert rows(store_url) == {("", "tokens"): (320 * 30, 0), ("", "requests"): (320, 0)}
+        assert leases(store_url) == []
+
+    asyncio.run(scenario())
+
+
+def test_two_replicas_admit_exactly_up_to_the_cap(store_url: str):
+    upgrade(store_url)
+    cap = 20_000  # blocks while far from it, one reservation at a time near it
+    day = Counter("t", "", "2026-12-02", "tokens", cap)
+
+    async def scenario() -> list[object]:
+        ledgers = [Ledger(store_url), Ledger(store_url)]
+        try:
+            out: list[object] = []
+            for _ in range(25):  # waves of concurrent requests on both replicas
+                wave = [ledgers[i % 2].reserve([(day, 10)]) for i in range(90)]
+                out += await asyncio.gather(*wave)
+            return out
+        finally:
+            for ledger in ledgers:
+                ledger.close()
+
+    results = asyncio.run(scenario())
+    assert sum(isinstance(r, list) for r in results) == cap // 10  # none short, none over
+    assert rows(store_url) == {("", "tokens"): (0, cap)}  # still held by their requests...
+    assert sum(amount for _, amount in leases(store_url)) == cap  # ...under the two leases
+
+
+HOLDER = """
+import asyncio, sys, time
+from gateway.access.ledger import Ledger
+from gateway.store.ledger import Counter
+
+ledger = Ledger(sys.argv[1], lease_s=float(sys.argv[2]))
+day = Counter("t", "", "2026-12-02", "tokens", 10_000)
+print(asyncio.run(ledger.reserve([(day, 10)])), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_dead_replicas_block_comes_back_when_its_lease_ends(store_url: str):
+    upgrade(store_url)
+    day = Counter("t", "", "2026-12-02", "tokens", 10_000)
+    lease_s = 3.0
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, store_url, str(lease_s)],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "[10]"
+        held = rows(store_url)[("", "tokens")][1]
+        assert held > 10  # it took a block, not just its reservation
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # dies holding it: nothing given back
+        proc.wait()
+    died = time.monotonic()
+
+    async def scenario() -> None:
+        ledger = Ledger(store_url)
+        try:
+            want = [(day, 10_000 - 10)]  # fits only once the dead replica's block is back
+            assert await ledger.reserve(want) == day  # its lease still runs: refused
+            while not isinstance(await ledger.reserve(want), list):
+                assert time.monotonic() - died < lease_s + 5, "the lease never ended"
+                await asyncio.sleep(0.2)
+            assert time.monotonic() - died >= lease_s - 1.0  # not before the lease ended
+        finally:
+            ledger.close()
+
+    asyncio.run(scenario())
+    # all of the dead replica's lease came back, its own request's 10 too (it died with it)
+    assert rows(store_url) == {("", "tokens"): (0, 10_000 - 10)}
 
 
 def test_a_reservation_whose_waiter_left_is_given_back(store_url: str):
