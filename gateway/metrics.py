@@ -97,6 +97,10 @@ class Metrics:
             "gearshift_spec_decode_acceptance_rate", "Accepted / drafted tokens since the previous scrape",
             ["tier"], registry=r,
         )  # fmt: skip
+        self.kv_compaction = Gauge(
+            "gearshift_tier_kv_compaction", "KV-cache compaction in the tier's engines (cumulative): "
+            "compactions, evicted_tokens, freed_blocks, seconds", ["tier", "figure"], registry=r,
+        )  # fmt: skip
         self.replica_queue = Gauge(
             "gearshift_replica_requests", "Requests running or waiting in a replica's engine",
             ["tier", "replica", "state"], registry=r,

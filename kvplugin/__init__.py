@@ -36,12 +36,15 @@ def install_worker_hooks(config: CompactionConfig) -> None:
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
-    from kvplugin import worker
+    from kvplugin import metrics, worker
 
     if not getattr(CPUAttentionBackendImpl.forward, "_gearshift_kv", False):
         CPUAttentionBackendImpl.forward = worker.attention_forward(CPUAttentionBackendImpl.forward)
     if not getattr(CPUModelRunner.execute_model, "_gearshift_kv", False):
         CPUModelRunner.execute_model = worker.execute_model(CPUModelRunner.execute_model, config)
+    if not getattr(CPUModelRunner.sample_tokens, "_gearshift_kv", False):
+        CPUModelRunner.sample_tokens = worker.sample_tokens(CPUModelRunner.sample_tokens)
+    metrics.install_frontend_hook()
 
 
 def hooks_installed() -> bool:

@@ -27,6 +27,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
 from kvplugin.config import CompactionConfig, trace
+from kvplugin.metrics import RESULT_KEY, TIMINGS_ATTR, CompactionRecord
 
 log = logging.getLogger("vllm.gearshift.kv_compaction")
 
@@ -94,6 +95,8 @@ class _CompactionMixin:
         self.kv_compaction = CompactionConfig.from_env()
         self.kv_evicted: dict[str, int] = {}  # request id -> tokens evicted from its cache
         self.kv_totals = {"requests": 0, "evicted_tokens": 0, "freed_blocks": 0}
+        # request id -> its compaction, until it finishes (then in its kv_transfer_params)
+        self.kv_records: dict[str, CompactionRecord] = {}
         self._kv_compacted_once: set[str] = set()
         managers = self.kv_cache_manager.coordinator.single_type_managers
         if self.kv_compaction.enabled and len(managers) != 1:
@@ -183,6 +186,7 @@ class _CompactionMixin:
         evicted = request.num_prompt_tokens - keep
         self.kv_evicted[req_id] = evicted
         self._kv_compacted_once.add(req_id)
+        self.kv_records[req_id] = CompactionRecord(request.num_prompt_tokens, keep, len(freed))
         totals = self.kv_totals
         totals["requests"] += 1
         totals["evicted_tokens"] += evicted
@@ -199,19 +203,34 @@ class _CompactionMixin:
             "freed_blocks": [b.block_id for b in freed],
         })  # fmt: skip
 
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        # the worker's time for the compactions it did in that step (kvplugin.worker)
+        timings = getattr(model_runner_output, TIMINGS_ATTR, None) or {}
+        for req_id, seconds in timings.items():
+            if (record := self.kv_records.get(req_id)) is not None:
+                record.seconds += seconds
+        return super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+
     def _preempt_request(self, request: Request, *args: Any, **kwargs: Any) -> None:
         # recomputed from its tokens with a full cache: its blocks are all freed here
         super()._preempt_request(request, *args, **kwargs)  # type: ignore[misc]
         if self.kv_evicted.pop(request.request_id, None) is not None:
+            self.kv_records[request.request_id].recomputed = True
             log.info(
                 "KV compaction: compacted request %s preempted; it recomputes with a full cache",
                 request.request_id,
             )
 
     def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's, with the request's compaction record added to its kv_transfer_params
+        (what reaches the API server's answer and kvplugin.metrics' counters)."""
         self.kv_evicted.pop(request.request_id, None)
         self._kv_compacted_once.discard(request.request_id)
-        return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
+        record = self.kv_records.pop(request.request_id, None)
+        kv_params, *rest = super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
+        if record is not None:
+            kv_params = {**(kv_params or {}), RESULT_KEY: record.to_json()}
+        return (kv_params, *rest)
 
 
 class CompactingScheduler(_CompactionMixin, Scheduler):  # type: ignore[misc]

@@ -13,7 +13,9 @@ Installed on vLLM's CPU model runner and CPU attention backend by ``kvplugin.reg
 * the runner's ``compute_slot_mapping``: for compacted requests the cache slots and the
   sequence lengths use the compacted length (``position - evicted``) while the RoPE
   positions and token indices keep the original count: the moved keys already carry their
-  rotation, only the new tokens' bookkeeping changes.
+  rotation, only the new tokens' bookkeeping changes;
+* ``CPUModelRunner.sample_tokens``: the step's output carries each compaction's time to
+  the scheduler (``kvplugin.metrics.TIMINGS_ATTR``), which reports it with the request.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 
 from kvplugin.compact import compact_in_place, cpu_cache_views
 from kvplugin.config import CompactionConfig, trace
+from kvplugin.metrics import TIMINGS_ATTR
 from kvplugin.scheduler import ORDERS_ATTR
 
 log = logging.getLogger("vllm.gearshift.kv_compaction")
@@ -103,6 +106,23 @@ def execute_model(original: Any, config: CompactionConfig) -> Any:
     return run
 
 
+def sample_tokens(original: Any) -> Any:
+    """Attach the compactions' times of the step to its output, for the scheduler (the
+    output object itself under async scheduling is a wrapper of the one it reads)."""
+
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        timings = self.__dict__.get("_gearshift_kv_timings")
+        if result is not None and timings:
+            target = getattr(result, "_model_runner_output", result)
+            setattr(target, TIMINGS_ATTR, dict(timings))
+            timings.clear()
+        return result
+
+    run._gearshift_kv = True  # type: ignore[attr-defined]
+    return run
+
+
 def _layer_names(runner: Any) -> list[str]:
     names: list[str] = list(runner.kv_cache_config.kv_cache_groups[0].layer_names)
     return names
@@ -133,9 +153,11 @@ def _compact(runner: Any, step: _Step, req_id: str, keep: int, config: Compactio
         group_table.block_table.np[row, kept_blocks:] = 0
         group_table.num_blocks_per_row[row] = kept_blocks
     _runner_state(runner)[req_id] = seq_len - result.new_length
+    seconds = time.perf_counter() - started
+    runner.__dict__.setdefault("_gearshift_kv_timings", {})[req_id] = seconds
     log.info(
         "KV compaction: request %s compacted %d -> %d tokens in %.1f ms (%d moves)",
-        req_id, seq_len, result.new_length, 1000 * (time.perf_counter() - started), result.plan.num_moves,
+        req_id, seq_len, result.new_length, 1000 * seconds, result.plan.num_moves,
     )  # fmt: skip
     trace({
         "side": "worker", "request": req_id, "prompt_tokens": seq_len,

@@ -21,6 +21,7 @@ from gateway.recording.capture import StreamCapture, Wants
 from gateway.recording.cut import as_written, cut_prompt_ids
 from gateway.recording.records import RawJson
 from gateway.upstream.dispatch import Completed, upstream_message
+from kvplugin.metrics import record_of
 from router import Endpoint
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,10 @@ def answer(
     model = data.get("model") if isinstance(data.get("model"), str) else None
     captured, body = None, result.body
     if wants is not None:
-        captured = Captured(_prompt_ids(data, choices), capture.choices_of(data, endpoint), model)
+        captured = Captured(
+            _prompt_ids(data, choices), capture.choices_of(data, endpoint), model,
+            record_of(data.get("kv_transfer_params")),  # the engine compacted its KV cache
+        )  # fmt: skip
         if not (wants.logprobs and wants.token_ids):
             capture.strip(data, wants)
             body = orjson.dumps(data, default=as_written)  # cut ids the client asked for

@@ -26,6 +26,8 @@ class Captured:
     prompt_token_ids: list[int] | RawJson | None
     choices: list[ChoiceCapture]
     model: str | None
+    # the engine compacted this request's KV cache (kvplugin's record; non-streamed answers)
+    kv_compaction: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

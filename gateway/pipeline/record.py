@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from gateway.pipeline.outcome import Outcome, StepPlan
+from gateway.pipeline.outcome import Captured, Outcome, StepPlan
 from gateway.recording.records import ChainHashes, RawJson, StepRecord
 from router import Decision
 
@@ -27,9 +27,11 @@ def step_record(outcome: Outcome, step: StepPlan, chain: ChainHashes | None = No
     request = RawJson(outcome.request.raw) if outcome.request.raw else outcome.request.body
     reason = outcome.route_reason
     context = outcome.routing.context
+    event = None
     if context is not None:  # record what the model saw, and say what was condensed
         request = {**outcome.request.body, "messages": context.messages}
         reason += f"; context: {context.header()}"
+        event = context.event("responses" if who.context else "chat")
         # the next step links to this one through the client's history, but this step's
         # own history is not the last step's extended: prefix unknown, so it is not joined
         # to an earlier step as if it extended it (exports take it on its own)
@@ -53,7 +55,7 @@ def step_record(outcome: Outcome, step: StepPlan, chain: ChainHashes | None = No
         routing_version=outcome.routing.version,
         propensity=d.propensity if d else 1.0,
         route_reason=reason,
-        features=route_features(d),
+        features=kv_features(route_features(d), captured),
         fallback=served.fallback,
         escalated=served.escalated is not None,
         attempts=served.attempts,
@@ -65,7 +67,27 @@ def step_record(outcome: Outcome, step: StepPlan, chain: ChainHashes | None = No
         duration_ms=who.elapsed_ms(outcome.ended_at),
         error=outcome.error,
         chain=chain,
+        context=event,
     )
+
+
+def kv_features(
+    features: dict[str, float] | None, captured: Captured | None
+) -> dict[str, float] | None:
+    """``features`` with, when the engine compacted the request's KV cache (the answer's
+    ``kv_transfer_params``, docs/kv-compaction.md), what it kept: the behaviour policy saw
+    a compacted cache, and RL data must know it."""
+    record = captured.kv_compaction if captured is not None else None
+    if not record:
+        return features
+    kv = {
+        f"kv_compaction_{name}": float(record[name])
+        for name in ("prompt_tokens", "kept_tokens", "evicted_tokens", "freed_blocks")
+        if isinstance(record.get(name), int | float)
+    }
+    if record.get("recomputed") is True:  # preempted later: recomputed with a full cache
+        kv["kv_compaction_recomputed"] = 1.0
+    return {**(features or {}), **kv}
 
 
 def route_features(d: Decision | None) -> dict[str, float] | None:

@@ -1,8 +1,9 @@
 """Engine statistics scraped from each replica's Prometheus ``/metrics``.
 
-Speculative decoding (drafts, draft tokens, accepted tokens) and queue depth (requests
-running and waiting) per tier, re-exported by the gateway so that dashboards and, later,
-load-aware routing see them in one place. Scraped every ``telemetry.scrape_interval_s``,
+Speculative decoding (drafts, draft tokens, accepted tokens), queue depth (requests
+running and waiting) and KV-cache compaction (docs/kv-compaction.md) per tier,
+re-exported by the gateway so that dashboards and, later, load-aware routing see them in
+one place. Scraped every ``telemetry.scrape_interval_s``,
 off the request path; a replica that does not answer keeps its last figures.
 """
 
@@ -18,6 +19,7 @@ import aiohttp
 
 from gateway.metrics import Metrics
 from gateway.upstream.pool import TierPool
+from kvplugin.metrics import COUNTERS as KV_COUNTERS
 from router.types import Tier
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,9 @@ COUNTERS = {
     "vllm:spec_decode_num_draft_tokens": "draft_tokens",
     "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
 }
+# KV-cache compaction (kvplugin.metrics: counted by the plugin in vLLM's API server)
+COUNTERS |= {name: f"kv_{field or 'compactions'}" for name, field in KV_COUNTERS.items()}
+KV_FIGURES = ("kv_compactions", "kv_evicted_tokens", "kv_freed_blocks", "kv_seconds")
 GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting"}
 
 
@@ -39,6 +44,10 @@ class EngineStats:
     accepted_tokens: float = 0.0
     running: float = 0.0
     waiting: float = 0.0
+    kv_compactions: float = 0.0
+    kv_evicted_tokens: float = 0.0
+    kv_freed_blocks: float = 0.0
+    kv_seconds: float = 0.0
 
 
 def parse(text: str) -> EngineStats:
@@ -106,6 +115,8 @@ class Scraper:
         m.spec_accepted_tokens.labels(t).set(stats.total("accepted_tokens"))
         if stats.acceptance_rate is not None:
             m.spec_acceptance_rate.labels(t).set(stats.acceptance_rate)
+        for figure in KV_FIGURES:
+            m.kv_compaction.labels(t, figure.removeprefix("kv_")).set(stats.total(figure))
         for url, s in stats.replicas.items():
             m.replica_queue.labels(t, url, "running").set(s.running)
             m.replica_queue.labels(t, url, "waiting").set(s.waiting)

@@ -4,12 +4,19 @@ unaffected."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 from urllib.parse import urlparse
 
+import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.config import EmbeddedSettings
 from tests.e2e.conftest import RealStack, start_stack
@@ -61,15 +68,19 @@ def test_long_prompts_are_compacted_and_answered(compacting_stack: RealStack) ->
         base_url=compacting_stack.url + "/v1", api_key="unused", max_retries=0, timeout=600
     )
 
+    step_ids: dict[str, str] = {}
+
     def chat(messages: list[dict[str, str]]) -> str:
-        answer = client.chat.completions.create(
+        raw = client.chat.completions.with_raw_response.create(
             model="full",
             messages=messages,
             max_tokens=24,
             temperature=0,  # type: ignore[arg-type]
         )
+        answer = raw.parse()
         text = answer.choices[0].message.content
         assert text, answer
+        step_ids[messages[0]["content"]] = raw.headers["x-gearshift-step-id"]
         return text
 
     short_alone = chat(SHORT)
@@ -89,3 +100,62 @@ def test_long_prompts_are_compacted_and_answered(compacting_stack: RealStack) ->
     assert len(kept) >= 4, log[-3000:]
     assert all(n > 1024 and k == -(-n // 2) for k, n in kept)
     assert "compacted" in log and "Traceback" not in log
+    # the recorded steps say what the engine kept; the short one says nothing
+    steps = {text: recorded_step(compacting_stack, i) for text, i in step_ids.items()}
+    features = steps[ask(first)[0]["content"]]["features"]
+    prompt = features["kv_compaction_prompt_tokens"]
+    assert features["kv_compaction_kept_tokens"] == -(-prompt // 2) and prompt > 1024
+    assert "kv_compaction_kept_tokens" not in (steps[SHORT[0]["content"]]["features"] or {})
+    # vLLM's /metrics carries the plugin's counters, and the gateway re-exports them per tier
+    engine = httpx.get(compacting_stack.full_url + "/metrics", timeout=30).text
+    figures = {
+        s.name: s.value for f in text_string_to_metric_families(engine) for s in f.samples
+    }  # fmt: skip
+    count = figures["gearshift_kv_compactions_total"]
+    # the four long prompts (each over 1024 tokens, so each evicts over 512 of them)
+    assert count >= 4 and figures["gearshift_kv_compaction_seconds_total"] > 0
+    assert figures["gearshift_kv_compaction_evicted_tokens_total"] > 4 * 512
+    labels = {"tier": "full", "figure": "compactions"}
+    deadline = time.monotonic() + 30
+    while scraped(compacting_stack, labels) != count and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert scraped(compacting_stack, labels) == count
+
+
+def recorded_step(stack: RealStack, step_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 30
+    while True:  # the recorder writes in batches
+        r = httpx.get(f"{stack.url}/v1/steps/{step_id}", timeout=30)
+        if r.status_code == 200 or time.monotonic() > deadline:
+            assert r.status_code == 200, r.text
+            step: dict[str, Any] = r.json()
+            return step
+        time.sleep(0.5)
+
+
+def scraped(stack: RealStack, labels: dict[str, str]) -> float | None:
+    text = httpx.get(stack.url + "/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "gearshift_tier_kv_compaction" and sample.labels == labels:
+                return float(sample.value)
+    return None
+
+
+def test_kv_session_quick(compacting_stack: RealStack, real_stack: RealStack) -> None:
+    """bench.kv_session --quick on the two running stacks (compaction on, and off)."""
+    argv = [
+        sys.executable, "-m", "bench.kv_session", "--quick",
+        "--on", compacting_stack.url, "--on-engine", compacting_stack.full_url,
+        "--off", real_stack.url, "--off-engine", real_stack.full_url,
+    ]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    runs = json.loads(proc.stdout.strip().splitlines()[-2])
+    # the second step is past the trigger: compacted to half on, whole off
+    on, off = runs["on"], runs["off"]
+    assert on["prompt_tokens"] == off["prompt_tokens"] and on["prompt_tokens"][1] > 1024
+    assert on["kept_tokens"][1] == -(-on["prompt_tokens"][1] // 2)
+    assert off["kept_tokens"] == off["prompt_tokens"]
+    assert result["concurrency_ratio"] > 1 and result["block_size"] == on["block_size"]

@@ -1,7 +1,9 @@
 """KV compaction inside vLLM, on a tiny random Llama (no download), against a pure-torch
-reference of the same model and the same compaction (tests/kvplugin/engine_run.py).
+reference of the same model and the same compaction (tests/kvplugin/engine_session.py).
 
-Each run starts vLLM's offline engine in the engine's environment (about a minute here).
+One subprocess in the engine's environment runs every scenario: an engine per scheduler
+class (about a minute each to start here), the scenarios one after the other on it, in a
+14-block KV pool that each scenario fills. The tests below read its report.
 """
 
 from __future__ import annotations
@@ -18,30 +20,55 @@ from backends.provision import DEFAULT_MODEL, provision
 from gateway.config import EmbeddedSettings
 
 ENGINE = EmbeddedSettings().python
-RUN = Path(__file__).with_name("engine_run.py")
+ROOT = Path(__file__).resolve().parents[2]
+RUN = Path(__file__).with_name("engine_session.py")
 COMPACTION = {"enabled": True, "trigger_tokens": 200, "budget": 160, "window": 16, "sinks": 4}
 ASYNC = "kvplugin.scheduler.CompactingAsyncScheduler"
 SYNC = "kvplugin.scheduler.CompactingScheduler"
 BLOCK = 32
-TOLERANCE = 1e-4  # float32 both sides; observed differences are ~5e-6
+# float32 both sides; observed differences are ~5e-6
+TOLERANCE = 1e-4
+# 15 blocks of 32 tokens x 1 KV head x 64 dims x (K, V) x 4 bytes x 2 layers: 14 usable
+KV_BYTES = 15 * BLOCK * 64 * 2 * 4 * 2
+
+# A long prompt next to a short one (batched decode, one compacted row), then a prompt that
+# starts with the compacted one's first 4 blocks: the prefix cache must not serve the
+# compacted blocks, and the new request, compacted in turn, must match too.
+MAIN = {"name": "main", "batches": [[300, 100], [[280, 0, 128]]], "max_tokens": 6}
+# Two long prompts with a common prefix in one batch share blocks (8 + 8 - 2 = 14).
+SHARED = {"name": "shared", "batches": [[240, [232, 0, 64]]], "max_tokens": 4}
+# Two 224-token prompts compacted to 160 tokens outgrow the pool at their 65th token
+# (8 blocks each): one is preempted and recomputed with a full cache.
+PREEMPT = {"name": "preempt", "batches": [[224, 224]], "max_tokens": 72}
+SESSION = {
+    "compaction": COMPACTION,
+    "engine": {
+        "max_model_len": 384,
+        "max_num_batched_tokens": 2048,
+        "kv_cache_memory_bytes": KV_BYTES,
+    },
+    "engines": [
+        {"scheduler_cls": ASYNC, "scenarios": [MAIN, SHARED, PREEMPT]},
+        {"scheduler_cls": SYNC, "scenarios": [MAIN]},
+    ],
+}
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def session(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if not ENGINE.exists():
         pytest.skip(f"no engine environment at {ENGINE} (scripts/install.sh)")
-    return provision(EmbeddedSettings().home, ENGINE, DEFAULT_MODEL), tmp_path_factory.mktemp("kv")
-
-
-def engine_run(work: tuple[Path, Path], **run: Any) -> dict[str, Any]:
-    tokenizer, out = work
+    tokenizer = provision(EmbeddedSettings().home, ENGINE, DEFAULT_MODEL)
+    out = tmp_path_factory.mktemp("kv")
+    # this checkout's kvplugin, wherever the engine's editable install points
+    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
-        [str(ENGINE), str(RUN), str(tokenizer), str(out), json.dumps(run)],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "TQDM_DISABLE": "1"},
+        [str(ENGINE), str(RUN), str(tokenizer), str(out), json.dumps(SESSION)],
+        capture_output=True, text=True, timeout=900, env=env,
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
     data: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    data["log"] = result.stdout
+    data["log"] = result.stdout + result.stderr
     return data
 
 
@@ -60,6 +87,7 @@ def check_exact(data: dict[str, Any], compacted: set[str]) -> None:
         assert len(steps) == len(r["tokens"])
         assert all(max_diff(s, "ref_compacted") < TOLERANCE for s in steps), r["request"]
         if not r["compacted"]:
+            assert r["record"] is None
             continue
         worker, scheduler = workers[r["request"]], schedulers[r["request"]]
         assert worker["kept_positions"] == r["ref_kept"]
@@ -70,52 +98,74 @@ def check_exact(data: dict[str, Any], compacted: set[str]) -> None:
         assert len(scheduler["freed_blocks"]) == -(-r["prompt_tokens"] // BLOCK) - kept_blocks
         # the compaction changed the answer's distribution: the reference is not vacuous
         assert max(max_diff(s, "ref_full") for s in steps[1:]) > 100 * TOLERANCE
-    assert data["free_end"] == data["free_start"]  # every block came back
+    check_records(data)
+    assert data["free_after"] == data["free_before"]  # every block came back
+
+
+def check_records(data: dict[str, Any]) -> None:
+    """Each compacted request's answer carries its record (kv_transfer_params), and the
+    plugin's Prometheus counters gained exactly the records' sums."""
+    schedulers = {t["request"]: t for t in data["traces"] if t["side"] == "scheduler"}
+    records = [r["record"] for r in data["results"] if r["compacted"]]
+    for r in data["results"]:
+        if r["compacted"]:
+            trace, record = schedulers[r["request"]], r["record"]
+            assert record["prompt_tokens"] == r["prompt_tokens"] == trace["prompt_tokens"]
+            assert record["kept_tokens"] == trace["kept_tokens"]
+            assert record["evicted_tokens"] == r["prompt_tokens"] - trace["kept_tokens"]
+            assert record["freed_blocks"] == len(trace["freed_blocks"])
+            assert 0 < record["seconds"] < 60  # the worker's time reached the scheduler
+    counters = data["counters"]
+    assert counters["gearshift_kv_compactions"] == len(records)
+    for name, field in (
+        ("gearshift_kv_compaction_evicted_tokens", "evicted_tokens"),
+        ("gearshift_kv_compaction_freed_blocks", "freed_blocks"),
+        ("gearshift_kv_compaction_seconds", "seconds"),
+    ):
+        assert counters[name] == pytest.approx(sum(r[field] for r in records))
 
 
 @pytest.mark.parametrize("scheduler", [ASYNC, SYNC])
-def test_compaction_matches_the_reference(work: tuple[Path, Path], scheduler: str) -> None:
-    """A long prompt next to a short one (batched decode, one compacted row), then a prompt
-    that starts with the compacted one's first 4 blocks: the prefix cache must not serve the
-    compacted blocks, and the new request, compacted in turn, must match too."""
-    data = engine_run(
-        work, compaction=COMPACTION, batches=[[300, 100], [[280, 0, 128]]], max_tokens=6,
-        scheduler_cls=scheduler,
-    )  # fmt: skip
-    check_exact(data, {"0", "2"})
-    assert data["log"].count("KV compaction: request") == 4  # scheduler + worker, twice
+def test_compaction_matches_the_reference(session: dict[str, Any], scheduler: str) -> None:
+    check_exact(session[scheduler]["main"], {"0", "2"})
+    assert session[scheduler]["main"]["counters"]["gearshift_kv_compactions"] == 2
 
 
-def test_shared_prefix_blocks_are_not_compacted(work: tuple[Path, Path]) -> None:
-    """Two long prompts with a common prefix in one batch share blocks: neither is
-    compacted (in-place moves would corrupt the other), and both answers are exact."""
-    data = engine_run(
-        work, compaction=COMPACTION, batches=[[300, [260, 0, 64]]], max_tokens=4,
-        scheduler_cls=ASYNC,
+def test_every_compaction_is_logged(session: dict[str, Any]) -> None:
+    workers = sum(
+        t["side"] == "worker"
+        for scenarios in session.values() if isinstance(scenarios, dict)
+        for s in scenarios.values() for t in s["traces"]
     )  # fmt: skip
+    assert workers == 2 + 2 + 2  # main on both engines, preempt
+    assert session["log"].count("KV compaction: request") == 2 * workers  # scheduler + worker
+
+
+def test_shared_prefix_blocks_are_not_compacted(session: dict[str, Any]) -> None:
+    """Two long prompts sharing blocks in one batch: neither is compacted (in-place moves
+    would corrupt the other), and both answers are exact."""
+    data = session[ASYNC]["shared"]
     check_exact(data, set())
-    assert data["log"].count("shared through the prefix cache") == 2
+    assert data["counters"]["gearshift_kv_compactions"] == 0
+    assert session["log"].count("shared through the prefix cache") == 2
 
 
-def test_preempted_compacted_request_recovers(work: tuple[Path, Path]) -> None:
-    """A KV pool of 14 usable blocks: two 224-token prompts, both compacted to 192 tokens
-    (7 blocks each with the first decode slot), fill it; the first to cross a block
-    boundary preempts the other, which is recomputed with a full cache. Every answer is
-    complete, every step matches the compacted reference before the preemption and the
-    full-cache one after it (both occur), and no block leaks."""
-    data = engine_run(
-        work, compaction={**COMPACTION, "budget": 192}, batches=[[224, 224]], max_tokens=60,
-        max_model_len=384, kv_bytes=15 * BLOCK * 128 * 4 * 2, scheduler_cls=ASYNC,
-    )  # fmt: skip
-    assert "preempted; it recomputes with a full cache" in data["log"]
-    assert data["free_end"] == data["free_start"]
+def test_preempted_compacted_request_recovers(session: dict[str, Any]) -> None:
+    """Every answer is complete, every step matches the compacted reference before the
+    preemption and the full-cache one after it (both occur), the record says the request
+    was recomputed, and no block leaks."""
+    data = session[ASYNC]["preempt"]
+    assert "preempted; it recomputes with a full cache" in session["log"]
+    assert data["free_after"] == data["free_before"]
     matched = []
     for r in data["results"]:
-        assert r["compacted"] and len(r["tokens"]) == 60
+        assert r["compacted"] and len(r["tokens"]) == PREEMPT["max_tokens"]
         for s in r["steps"]:
             if max_diff(s, "ref_compacted") < TOLERANCE:
                 matched.append("compacted")
             else:
                 assert max_diff(s, "ref_full") < TOLERANCE
                 matched.append("full")
-    assert "full" in matched and matched.count("compacted") > 60
+    assert "full" in matched and matched.count("compacted") > PREEMPT["max_tokens"]
+    assert any(r["record"]["recomputed"] for r in data["results"])
+    check_records(data)

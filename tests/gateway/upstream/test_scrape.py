@@ -68,3 +68,35 @@ async def test_scraper_exports_windowed_acceptance_rate():
         )
         == 5
     )
+
+
+# What kvplugin adds to a vLLM server's /metrics when KV compaction is on.
+KV_EXPOSITION = """# HELP gearshift_kv_compactions_total Requests whose KV cache was compacted
+# TYPE gearshift_kv_compactions_total counter
+gearshift_kv_compactions_total 3.0
+gearshift_kv_compactions_created 1.7e+09
+# TYPE gearshift_kv_compaction_evicted_tokens_total counter
+gearshift_kv_compaction_evicted_tokens_total 4200.0
+# TYPE gearshift_kv_compaction_freed_blocks_total counter
+gearshift_kv_compaction_freed_blocks_total 130.0
+# TYPE gearshift_kv_compaction_seconds_total counter
+gearshift_kv_compaction_seconds_total 0.25
+"""
+
+
+async def test_scraper_exports_kv_compaction_per_tier():
+    async def metrics(request):
+        return PlainTextResponse(
+            KV_EXPOSITION + EXPOSITION % {"drafts": 0, "draft_tokens": 0, "accepted": 0}
+        )
+
+    app = Starlette(routes=[Route("/metrics", metrics)])
+    with serve_in_thread(app) as url, serve_in_thread(app) as url2:
+        pool = TierPool(Tier.FULL, "m", [url, url2], BreakerSettings(), HealthSettings())
+        m = Metrics()
+        async with aiohttp.ClientSession() as session:
+            await Scraper({Tier.FULL: pool}, m, interval_s=1).scrape_once(session)
+    figures = {"compactions": 6, "evicted_tokens": 8400, "freed_blocks": 260, "seconds": 0.5}
+    for figure, value in figures.items():  # summed over the tier's two replicas
+        labels = {"tier": "full", "figure": figure}
+        assert m.registry.get_sample_value("gearshift_tier_kv_compaction", labels) == value
