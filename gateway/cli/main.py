@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gateway.cli.bundle import add_parser as add_bundle_parser
 from gateway.cli.common import load_config, parse_when, reward_weights
 from gateway.cli.control import add_parser as add_control_parser
 from gateway.cli.keys import add_parser as add_keys_parser
@@ -188,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_keys_parser(sub)
     add_control_parser(sub)
+    add_bundle_parser(sub)
     return parser
 
 

@@ -118,3 +118,40 @@ async def _healthy(socket: Path, proc: asyncio.subprocess.Process, timeout_s: fl
                     return True
         await asyncio.sleep(0.1)
     return False
+
+
+async def check_external(cfg: SandboxConfig, timeout_s: float | None = None) -> str | None:
+    """``sandbox.external`` at start-up: None when the service answers ``/health`` and takes
+    the token (an authorized ``GET /v1/tools``), else what is wrong. An unreachable service
+    is retried for ``sandbox.external_wait_s`` (it may start after the gateway); a refused
+    token fails at once."""
+    assert cfg.external is not None and cfg.token is not None
+    url, wait = cfg.external, cfg.external_wait_s if timeout_s is None else timeout_s
+    headers = {"authorization": f"Bearer {cfg.token.get_secret_value()}"}
+    loop = asyncio.get_running_loop()
+    deadline, last = loop.time() + wait, "no answer"
+    timeout = aiohttp.ClientTimeout(total=5)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        while True:
+            try:
+                async with session.get(f"{url}/health") as health:
+                    if health.status != 200:
+                        raise _NotYet(f"/health answered {health.status}")
+                async with session.get(f"{url}/v1/tools", headers=headers) as tools:
+                    if tools.status in (401, 403):
+                        return (f"sandbox.external {url} refused the token: sandbox.token must "
+                                "be the one the sandbox service was given")  # fmt: skip
+                    if tools.status != 200:
+                        raise _NotYet(f"GET /v1/tools answered {tools.status}")
+                log.info("tool sandbox at %s ready", url)
+                return None
+            except (aiohttp.ClientError, TimeoutError, _NotYet) as exc:
+                last = str(exc) or type(exc).__name__
+            if loop.time() >= deadline:
+                return (f"sandbox.external {url} did not answer within {wait:g} s ({last}): "
+                        "start the sandbox service (`gearshift sandbox`) or fix the URL")  # fmt: skip
+            await asyncio.sleep(min(0.5, max(0.0, deadline - loop.time())))
+
+
+class _NotYet(Exception):
+    """The external sandbox answered, but not yet as a ready service."""

@@ -227,8 +227,13 @@ async def run(settings: Settings) -> int:
     if problem := await _store_problem(settings):
         log.error("%s", problem)
         return 1
-    from gateway.cli.sandbox_process import start_sandbox
+    from gateway.cli.sandbox_process import check_external, start_sandbox
 
+    if settings.sandbox.enabled and settings.sandbox.external:  # run apart: check, start none
+        if problem := await check_external(settings.sandbox):
+            log.error("%s", problem)
+            return 1
+        return await _run(settings)
     sandbox = await start_sandbox(settings)
     if sandbox is not None:  # the gateway reaches it with the same socket and token
         running = settings.sandbox.model_copy(

@@ -96,8 +96,8 @@ class Services:
             await self.control_sync.start()
         sb = self.settings.sandbox
         if sb.enabled and sb.token is not None:  # run by `serve`, or a sandbox deployed apart
-            socket = str(sb.socket) if sb.socket is not None else None
-            url = f"http://{sb.host}:{sb.port}"
+            socket = str(sb.socket) if sb.socket is not None and not sb.external else None
+            url = sb.external or f"http://{sb.host}:{sb.port}"
             self.sandbox = SandboxClient(url, sb.token.get_secret_value(), socket=socket)
         self._session = new_session(self.settings.timeouts)
         self._dispatcher = Dispatcher(

@@ -44,6 +44,7 @@ def test_compose_config_loads_and_names_the_tiers_that_compose_runs(
 ) -> None:
     services = compose()["services"]
     monkeypatch.setenv("GEARSHIFT_STORE__URL", "postgresql://u:p@127.0.0.1:5432/gearshift")
+    monkeypatch.setenv("GEARSHIFT_SANDBOX__TOKEN", "t")  # compose gives its file
     settings = load_settings(DEPLOY / "compose" / "gearshift.yaml")
     for tier, service in ((Tier.FULL, "vllm-full"), (Tier.FAST, "vllm-fast")):
         args = flags(services[service]["command"])
@@ -52,6 +53,7 @@ def test_compose_config_loads_and_names_the_tiers_that_compose_runs(
         assert args["host"] == "127.0.0.1"
         assert args["model"].startswith("/models/")
     assert settings.host == "127.0.0.1" and settings.sandbox.host == "127.0.0.1"
+    assert settings.sandbox.external == f"http://127.0.0.1:{settings.sandbox.port}"
     assert settings.telemetry.otlp_endpoint == "http://127.0.0.1:4318/v1/traces"
     prometheus = yaml.safe_load((DEPLOY / "compose" / "prometheus.yml").read_text())
     targets = {t for job in prometheus["scrape_configs"] for s in job["static_configs"] for t in s["targets"]}  # fmt: skip
@@ -138,6 +140,7 @@ def test_overlay_wires_config_probes_tiers_and_privileges(
     config = tmp_path / "gearshift.yaml"
     config.write_text(next(iter(by_kind(docs, "ConfigMap").values()))["data"]["gearshift.yaml"])
     monkeypatch.setenv("GEARSHIFT_STORE__URL", "postgresql://u:p@db:5432/gearshift")
+    monkeypatch.setenv("GEARSHIFT_SANDBOX__TOKEN", "t")  # the pods read theirs from files
     settings = load_settings(config)  # the gateway accepts it (keys, host, every field)
     answers = gateway_answers()
 
@@ -156,8 +159,9 @@ def test_overlay_wires_config_probes_tiers_and_privileges(
 
     sandbox = deployments["gearshift-sandbox"]["spec"]["template"]["spec"]
     assert sandbox["automountServiceAccountToken"] is False
-    sandbox_service = services[settings.sandbox.host]
-    assert sandbox_service["spec"]["ports"][0]["port"] == settings.sandbox.port
+    assert settings.sandbox.external is not None  # the gateway uses the sandbox Deployment
+    host, port = settings.sandbox.external.removeprefix("http://").split(":")
+    assert services[host]["spec"]["ports"][0]["port"] == int(port) == settings.sandbox.port
     policies = by_kind(docs, "NetworkPolicy")
     assert policies["gearshift-sandbox"]["spec"]["egress"] == []
     assert (sandbox.get("runtimeClassName") == "gvisor") == (overlay != "cpu")
@@ -174,3 +178,50 @@ def test_overlay_wires_config_probes_tiers_and_privileges(
         (engine,) = [d for d in deployments.values()
                      if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()]  # fmt: skip
         assert flags(containers(engine)[0]["args"])["served-model-name"] == tier.model
+
+
+def _secret_files(env: list[dict[str, object]]) -> dict[str, str]:
+    return {str(e["name"]): str(e["value"]) for e in env if str(e["name"]).endswith("_FILE")}
+
+
+def test_compose_gives_secrets_as_files_only() -> None:
+    doc = compose()
+    for name, service in doc["services"].items():
+        env = service.get("environment", {})
+        for var, value in env.items():
+            assert var.endswith("_FILE") or "PASSWORD" not in var, (name, var)
+            if var.startswith("GEARSHIFT_"):  # every Gearshift secret is a mounted secret file
+                assert var.endswith("_FILE"), (name, var)
+                assert value.removeprefix("/run/secrets/") in service["secrets"], (name, value)
+        assert "entrypoint" not in service, name  # no shell that cats secrets into variables
+    assert set(doc["services"]["sandbox"]["secrets"]) == {"sandbox-token"}
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_mounts_secrets_as_files_and_each_pod_only_its_own(overlay: str) -> None:
+    docs = render(overlay)
+    (secret,) = by_kind(docs, "Secret").values()
+    wanted = {"gearshift-gateway": {"store-url", "sandbox-token", "api-keys.yaml"},
+              "gearshift-sandbox": {"sandbox-token"}, "gearshift-db-upgrade": {"store-url"}}  # fmt: skip
+    pods = {**{n: d["spec"]["template"]["spec"] for n, d in by_kind(docs, "Deployment").items()},
+            **{n: d["spec"]["template"]["spec"] for n, d in by_kind(docs, "Job").items()}}  # fmt: skip
+    for name, keys in wanted.items():
+        pod = pods[name]
+        (container,) = pod["containers"]
+        env = container.get("env", [])
+        assert not [e for e in env if "valueFrom" in e], name  # no secret as a variable's value
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounted: set[str] = set()
+        for mount in container["volumeMounts"]:
+            source = volumes[mount["name"]].get("secret")
+            if source is None:
+                continue
+            assert source["secretName"] == secret["metadata"]["name"] and mount["readOnly"]
+            items = source.get("items") or [{"key": k, "path": k} for k in secret["stringData"]]
+            mounted |= {f"{mount['mountPath']}/{i['path']}" for i in items}
+            assert {i["key"] for i in items} == keys, name  # only what this pod needs
+        files = _secret_files(env)
+        assert files and set(files.values()) <= mounted, (name, files, mounted)
+    api_keys = yaml.safe_load(secret["stringData"]["api-keys.yaml"])
+    assert api_keys[0]["admin"] is True and len(api_keys[0]["sha256"]) == 64
