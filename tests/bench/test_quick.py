@@ -87,7 +87,8 @@ def test_agent_loop_quick_run() -> None:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("name", ["tiers", "token_estimate", "router_outcomes"])
+# bench.tiers --quick runs against the session's stack in tests/e2e/test_tiers_quick.py
+@pytest.mark.parametrize("name", ["token_estimate", "router_outcomes"])
 def test_real_stack_quick_run(name: str, tmp_path: Path) -> None:
     # router_outcomes appends to the file it is given (never the shipped outcomes here)
     extra = ("--out", str(tmp_path / "outcomes.jsonl")) if name == "router_outcomes" else ()

@@ -32,7 +32,13 @@ def compose_command() -> list[str]:
         pytest.skip("podman is not installed")
     if (found := shutil.which("podman-compose")) is not None:
         return [found]
-    if shutil.which("docker") is not None:
+    if (
+        shutil.which("docker") is not None
+        and subprocess.run(
+            ["docker", "compose", "version"], capture_output=True, check=False
+        ).returncode
+        == 0
+    ):  # the docker CLI without its compose plugin cannot run this
         return ["docker", "compose"]
     pytest.skip(
         "neither podman-compose nor docker compose is installed (pip install podman-compose)"
