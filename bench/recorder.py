@@ -282,7 +282,7 @@ def store_rates(tmp: Path, quick: bool) -> dict[str, float]:
     rates = {"sqlite": store_rate(f"sqlite:///{tmp}/raw.db", batches)}
     print(f"store writes: sqlite {rates['sqlite']:8.0f} steps/s", flush=True)
     try:
-        from tests.support.postgres import postgres_server
+        from bench.pgserver import postgres_server
     except ImportError:
         return rates
     try:
