@@ -31,7 +31,7 @@ measures a running gateway the same way. ``--levers`` starts one vLLM server per
 ``full-suffix`` the full model with suffix decoding, ``int4-ngram`` int4 weights, ...) plus
 the plain full model, all pinned to one core, and measures them side by side.
 
-``--quick``: 4 task prompts at most 24 tokens, 4 repetitive prompts at most 32 tokens, 6
+``--quick``: 4 task prompts at most 24 tokens, 4 repetitive prompts at most 32 tokens, 3
 quality tasks (no sandbox): seconds, a smoke run with no thresholds. The last line is one
 JSON object: the headline arm's (``--headline``; the fast tier, or the first lever)
 ``answer_speedup_c1``, ``rps_speedup_c4``, ``length_ratio_c1``, ``quality_retention``,
@@ -127,7 +127,7 @@ def quality_tasks(args: argparse.Namespace, side: str) -> list[Task]:
     sources = NO_SANDBOX_SOURCES if args.quick else None
     tasks = split_tasks(side, sources)
     if args.quick:
-        return per_family(tasks, 1)[:6]
+        return per_family(tasks, 1)[:3]
     return per_family(tasks, args.quality_per_family) if args.quality_per_family else tasks
 
 

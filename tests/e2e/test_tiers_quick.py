@@ -24,7 +24,7 @@ def test_quick_run_reports_per_answer_speed_and_paired_quality(real_stack, capsy
                 speed = result["arms"][arm]["speed"][workload][c]
                 assert speed["answers"] == 4 and speed["s_per_answer"] > 0 and speed["rps"] > 0
     greedy = result["arms"]["fast"]["quality"]["greedy"]
-    assert greedy["tasks"] == 6 == result["quality_tasks"]
+    assert greedy["tasks"] == 3 == result["quality_tasks"]
     assert set(greedy["per_source"]) <= {"bfcl", "reasoning_gym", "trivia"}
     assert 0 <= greedy["full"] <= 1 and 0 <= greedy["candidate"] <= 1
     if greedy["quality_retention"] is not None:  # None when the full tier scored nothing
