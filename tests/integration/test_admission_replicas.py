@@ -8,10 +8,6 @@ import asyncio
 import contextlib
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,13 +16,12 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import yaml
 
 from gateway.cli.main import main
+from tests.deploy import processes
 from tests.support.fake_upstream import Behaviour, FakeUpstream
-from tests.support.servers import free_port, serve_in_thread
+from tests.support.servers import serve_in_thread
 
-ROOT = Path(__file__).resolve().parents[2]
 MAX_TOKENS = 100
 ALLOWED = 10
 BODY = orjson.dumps(
@@ -42,46 +37,16 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> list[dict[str, Any]]:
 
 @contextlib.contextmanager
 def gateway(tmp: Path, name: str, store: str, replica: str) -> Iterator[str]:
-    port = free_port()
-    config = tmp / f"{name}.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "port": port,
-                "auth": {"mode": "keys", "refresh_s": 0.5},
-                "tiers": {"full": {"model": "m", "replicas": [replica]}},
-                "store": {"url": store, "dead_letter_path": str(tmp / f"{name}.jsonl")},
-                "sandbox": {"enabled": False},
-                "router": {"calibrate_tokens": False},
-            }
-        )
-    )
-    log = tmp / f"{name}.log"
-    with log.open("wb") as out:  # `gearshift serve` from this checkout
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli.main", "--log-level", "warning", "serve",
-             "--config", str(config)],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.2)
-        yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    """`gearshift serve` from this checkout on ``store``, once it is ready."""
+    config = {
+        "auth": {"mode": "keys", "refresh_s": 0.5},
+        "tiers": {"full": {"model": "m", "replicas": [replica]}},
+        "store": {"url": store, "dead_letter_path": str(tmp / f"{name}.jsonl")},
+        "sandbox": {"enabled": False},
+        "router": {"calibrate_tokens": False},
+    }
+    with processes.gateway(tmp, name, config) as served:
+        yield served.url
 
 
 async def burst(urls: list[str], key: str, count: int) -> list[httpx.Response]:
