@@ -219,3 +219,15 @@ def readable(folder: Path) -> None:
     for f in folder.rglob("*"):
         if f.is_file() and f.stat().st_mode & 0o044 != 0o044:
             f.chmod(0o644)
+
+
+def require_module(python: Path, module: str, install_hint: str) -> None:
+    """Fail with ``install_hint`` unless ``python`` (the vLLM environment's) can import
+    ``module``: a vLLM server started without it dies only after loading the model."""
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    try:
+        found = subprocess.run([str(python), "-c", probe], timeout=60, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ProvisionError(f"cannot run {python}: {exc}") from exc
+    if not found:
+        raise ProvisionError(f"{module} is not installed in {python}'s environment: {install_hint}")

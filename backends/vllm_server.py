@@ -25,6 +25,9 @@ BASE_ENV: Mapping[str, str] = {
     "DO_NOT_TRACK": "1",
     "VLLM_HOST_IP": "127.0.0.1",
     "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    # Only Gearshift's own plugin: arctic-inference (the suffix mode's suffix tree) also
+    # registers one, which patches vLLM when loaded; vLLM imports its proposer by itself.
+    "VLLM_PLUGINS": "gearshift_kv_compaction",
 }
 
 
@@ -40,6 +43,16 @@ def ngram_speculation(tokens: int = 4, lookup_min: int = 2, lookup_max: int = 4)
 
 
 NGRAM_SPECULATION: Mapping[str, Any] = ngram_speculation()
+
+# Speculation methods vLLM runs with its synchronous scheduler (model-free proposers on CPU).
+SYNC_SPECULATION = frozenset({"ngram", "suffix"})
+
+
+def suffix_speculation(tokens: int = 16) -> dict[str, Any]:
+    """vLLM's suffix decoding (arctic-inference's suffix tree): up to ``tokens`` tokens are
+    drafted from suffixes of the prompt and of earlier answers; model-free, and lossless
+    under greedy verification."""
+    return {"method": "suffix", "num_speculative_tokens": tokens}
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,12 +115,12 @@ def command(spec: VllmServerSpec, python: Path) -> list[str]:
 
 def compaction_args(spec: VllmServerSpec) -> list[str]:
     """The plugin's scheduler, of the kind vLLM would pick itself: the asynchronous one,
-    except with ngram speculation, which vLLM runs synchronously. The async mode is set
+    except with ngram or suffix speculation, which vLLM runs synchronously. The async mode is set
     explicitly so class and mode cannot disagree (a synchronous subclass would silently
     turn async scheduling off; docs/kv-compaction.md)."""
     if spec.kv_compaction is None or not spec.kv_compaction.enabled:
         return []
-    if spec.speculative is not None and spec.speculative.get("method") == "ngram":
+    if spec.speculative is not None and spec.speculative.get("method") in SYNC_SPECULATION:
         return [
             "--scheduler-cls",
             "kvplugin.scheduler.CompactingScheduler",

@@ -34,13 +34,19 @@ from typing import Any
 import aiohttp
 
 from backends.supervisor import log_tail
-from backends.vllm_server import VllmServerSpec, command, environment, ngram_speculation
+from backends.vllm_server import (
+    VllmServerSpec,
+    command,
+    environment,
+    ngram_speculation,
+    suffix_speculation,
+)
 from bench.procs import start, stop, wait_http
 from bench.stack import free_port
 from bench.tier_speed import Arm, one_answer
 
 MODELS = Path(os.environ.get("GEARSHIFT_HOME", "~/.cache/gearshift")).expanduser() / "models"
-SUFFIX: Mapping[str, Any] = {"method": "suffix", "num_speculative_tokens": 16}
+SUFFIX: Mapping[str, Any] = suffix_speculation(16)
 LEVERS: Mapping[str, tuple[str, Mapping[str, Any] | None]] = {
     "full": ("full", None),
     "pruned-ngram": ("pruned", ngram_speculation(6, 2, 4)),
@@ -102,8 +108,7 @@ def serving(
         arms, waits = [], []
         for lever in levers:
             spec = spec_for(lever, dirs, free_port(), core)
-            env = environment(spec, os.environ)
-            env["VLLM_PLUGINS"] = "gearshift_kv_compaction"
+            env = environment(spec, os.environ)  # VLLM_PLUGINS: Gearshift's plugin only
             log = Path(tmp) / f"{lever}.log"
             proc = start(command(spec, python), log, env)
             cleanup.callback(stop, proc)

@@ -464,10 +464,12 @@ class EmbeddedSettings(Section):
     max_restarts: int = Field(
         default=3, ge=0, description="restarts of a dead vLLM server before it is reported failed"
     )
-    fast_mode: Literal["lossy", "lossless", "ngram"] = Field(
+    fast_mode: Literal["lossy", "lossless", "ngram", "suffix"] = Field(
         default="lossy",
         description="lossy: the pruned model serves (ngram speculation); lossless: the full model "
-        "serves with the pruned one as its draft; ngram: the full model with ngram speculation",
+        "serves with the pruned one as its draft; ngram: the full model with ngram speculation; "
+        "suffix: the full model with suffix decoding (needs arctic-inference in the vLLM "
+        "environment: scripts/install.sh --with-suffix; docs/fast-tier.md)",
     )
     prune_remove: int = Field(
         default=4, ge=1, description="decoder layers removed for the fast tier"
@@ -492,7 +494,8 @@ class EmbeddedSettings(Section):
         ge=1,
         le=16,
         description="tokens proposed per decoding step; default 6 for the lossy mode's ngram "
-        "speculation, 4 for the ngram mode's, 3 for the lossless mode's draft model",
+        "speculation, 4 for the ngram mode's, 3 for the lossless mode's draft model, 16 for "
+        "the suffix mode's suffix tree",
     )
     ngram_min: int = Field(default=2, ge=1, description="shortest prompt n-gram matched to draft")
     ngram_max: int = Field(default=4, ge=1, description="longest prompt n-gram matched to draft")

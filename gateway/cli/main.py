@@ -48,7 +48,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
     try:
         path = provision(e.home, e.python)
         print(path)
-        if e.fast_mode != "ngram":
+        if e.fast_mode in ("lossy", "lossless"):  # the others serve the full model only
             print(provision_pruned(e.home, e.python, path, prune_options(e)))
     except ProvisionError as exc:
         raise SystemExit(f"gearshift: {exc}") from None
@@ -79,7 +79,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise SystemExit(f"gearshift: {exc}") from None
     engine = make_engine(url)
     until = parse_when(args.until, "--until")
-    flt = Filter(tenant=args.tenant, since=since, until=until, min_reward=args.min_reward)
+    flt = Filter(
+        tenant=args.tenant, since=since, until=until, min_reward=args.min_reward,
+        summaries=args.summaries,
+    )  # fmt: skip
     summary = export(engine, args.format, args.out, flt, reward_weights(settings, args.weights))
     engine.dispose()
     print(f"wrote {summary.rows} rows from {summary.sessions} sessions to {args.out}")
@@ -153,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     prune.set_defaults(func=cmd_prune)
 
     from gateway.export.formats import FORMATS
+    from gateway.export.load import SUMMARIES
 
     exp = sub.add_parser(
         "export",
@@ -165,6 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--since", help="only sessions started at or after this ISO date/time")
     exp.add_argument("--until", help="only sessions started before this ISO date/time")
     exp.add_argument("--min-reward", type=float, help="only sessions whose combined reward >= X")
+    exp.add_argument(
+        "--summaries", choices=SUMMARIES, default="exclude",
+        help="a context summary's model calls (policy context-summary): left out of the "
+        "agent's steps (default), included as steps of their own, or exported alone",
+    )  # fmt: skip
     exp.add_argument("--weights", help="override reward weights: name=w[,name=w]")
     exp.add_argument("--config", type=Path)
     exp.add_argument("--store", help="store URL (default: store.url of the configuration)")

@@ -2,12 +2,15 @@
 warning when the router's models learned from another fast tier."""
 
 import json
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from backends.vllm_server import VllmServerSpec, command
+from backends.provision import ProvisionError
+from backends.vllm_server import CompactionConfig, VllmServerSpec, command, compaction_args
 from gateway.cli import embedded
 from gateway.config import DEFAULT_ROUTER_PARAMS, EmbeddedSettings, RouterSettings
 from router.classifier import DEFAULT_MODEL, Classifier
@@ -56,6 +59,28 @@ def test_lossless_drafts_with_the_pruned_model():
     spec = fast(fast_mode="lossless", speculative_tokens=5)
     assert spec.model_dir == FULL.model_dir
     assert (spec.speculative or {})["num_speculative_tokens"] == 5
+
+
+def test_suffix_serves_the_full_model_with_suffix_decoding(monkeypatch):
+    checked = []
+    monkeypatch.setattr(embedded, "require_module", lambda *a: checked.append(a[1]))
+    spec = fast(fast_mode="suffix")
+    assert spec.model_dir == FULL.model_dir and checked == ["arctic_inference"]
+    assert dict(spec.speculative or {}) == {"method": "suffix", "num_speculative_tokens": 16}
+    assert (fast(fast_mode="suffix", speculative_tokens=8).speculative or {})[
+        "num_speculative_tokens"
+    ] == 8
+    # vLLM runs model-free proposers with its synchronous scheduler; so must the plugin's
+    spec = replace(spec, kv_compaction=CompactionConfig(enabled=True))
+    assert compaction_args(spec)[1] == "kvplugin.scheduler.CompactingScheduler"
+
+
+def test_suffix_without_arctic_inference_says_how_to_install_it():
+    # this environment (the gateway's) has no arctic_inference: the check runs for real
+    with pytest.raises(ProvisionError, match=r"scripts/install\.sh --with-suffix"):
+        embedded._fast_spec(
+            EmbeddedSettings(fast_mode="suffix", vllm_python=Path(sys.executable)), FULL, "1"
+        )
 
 
 @pytest.mark.parametrize(
