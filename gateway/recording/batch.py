@@ -27,6 +27,20 @@ CONTINUED = (
     .limit(1)
 )
 TOP_SEQ = select(func.max(steps.c.seq)).where(steps.c.session_id == bindparam("sid"))
+# each listed session's last committed step number (sessions without steps: no row)
+TOPS = (
+    select(steps.c.session_id, func.max(steps.c.seq))
+    .where(steps.c.session_id.in_(bindparam("sids", expanding=True)))
+    .group_by(steps.c.session_id)
+)
+# PostgreSQL: the sessions' rows locked until the commit, in one order (no deadlock), so
+# that two writers number the steps of one session one after the other
+LOCK_SESSIONS = (
+    select(sessions.c.id)
+    .where(sessions.c.id.in_(bindparam("sids", expanding=True)))
+    .order_by(sessions.c.id)
+    .with_for_update()
+)
 CALL_SIGS = select(tool_calls.c.tool, tool_calls.c.arguments).where(
     tool_calls.c.session_id == bindparam("sid")
 )
@@ -75,7 +89,10 @@ class LRU(OrderedDict[str, Any]):
 
 class Pending:
     """Rows waiting for their multi-row INSERT, in foreign-key order, and this batch's
-    answers to tool calls committed earlier (one UPDATE statement for all of them)."""
+    answers to tool calls committed earlier (one UPDATE statement for all of them).
+
+    A step's ``seq`` waits here as its place among the batch's steps of its session
+    (0, 1, ...); ``flush`` turns it into the session's step number (``number``)."""
 
     def __init__(self) -> None:
         self.blobs: dict[str, dict[str, Any]] = {}
@@ -92,6 +109,10 @@ class Pending:
         # sessions with nothing committed when this batch first saw them: no call of theirs
         # can be in the database, so answering their calls needs no query
         self.fresh: set[str] = set()
+        # session -> how many step numbers this batch gives it (choices of one request share one)
+        self.order: dict[str, int] = {}
+        # session -> its last committed step number (-1: none) as this batch found it
+        self.tops: dict[str, int] = {}
 
     def add_calls(self, rows: list[dict[str, Any]]) -> None:
         self.calls.extend(rows)
@@ -99,9 +120,18 @@ class Pending:
             if row["call_id"] is not None:
                 self.open_calls.setdefault(row["session_id"], {}).setdefault(row["call_id"], row)
 
-    def flush(self, conn: Connection) -> None:
-        insert_ignore(conn, blobs, list(self.blobs.values()))
-        insert_ignore(conn, sessions, list(self.sessions.values()))
+    def take(self, sid: str) -> int:
+        """The next step's place among this batch's steps of session ``sid``."""
+        at = self.order.get(sid, 0)
+        self.order[sid] = at + 1
+        return at
+
+    def flush(self, conn: Connection) -> dict[str, int]:
+        """Insert everything; the sessions' last step numbers the steps were numbered after."""
+        # Sorted: two writers inserting the same keys wait for each other in one order.
+        insert_ignore(conn, blobs, [self.blobs[k] for k in sorted(self.blobs)])
+        insert_ignore(conn, sessions, [self.sessions[k] for k in sorted(self.sessions)])
+        tops = self.number(conn)
         for table, rows in (
             (steps, self.steps),
             (tool_calls, self.calls),
@@ -114,6 +144,31 @@ class Pending:
             conn.execute(ANSWER_CALL, self.answers)
         if self.sandbox_results:
             conn.execute(SANDBOX_RESULT, self.sandbox_results)
+        return tops
+
+    def number(self, conn: Connection) -> dict[str, int]:
+        """Give each step its number: after the last step of its session committed by
+        anyone (another replica's writer included), read where no other writer can commit
+        one before this transaction does. SQLite: the inserts above hold the database's
+        write lock (``flush`` always inserts a blob with a step), and a transaction holding
+        it reads the newest commit. PostgreSQL: the sessions' rows are locked first, then
+        read in a new statement (which sees what the holder before us committed)."""
+        if not self.order:
+            return {}
+        sids = sorted(self.order)
+        if conn.dialect.name == "postgresql":
+            conn.execute(LOCK_SESSIONS, {"sids": sids})
+        tops = last_numbers(conn, sids)
+        for row in self.steps:
+            row["seq"] += tops[row["session_id"]] + 1
+        return tops
+
+
+def last_numbers(conn: Connection, sids: list[str]) -> dict[str, int]:
+    """Each session's last committed step number; -1 for a session without steps."""
+    tops = dict.fromkeys(sids, -1)
+    tops.update((sid, int(top)) for sid, top in conn.execute(TOPS, {"sids": sids}))
+    return tops
 
 
 def text_of(content: Any) -> str:

@@ -4,13 +4,19 @@ Here, not on the request path, live the expensive parts: hashing histories,
 finding the session a step continues, numbering steps, pairing tool results
 with the calls that asked for them, and computing reward components.
 
+Several writers (one per gateway replica) may write the steps of one session. A step's
+number is therefore given at the commit, after the session's last committed step
+(``Pending.number``), never from what this process remembers; and what it remembers of
+a session (its tool calls) is checked once a batch against the session's last number in
+the store, and read again when another writer has added steps since.
+
 Rows are collected per table and inserted with one multi-row statement per
 table (``gateway.recording.batch.Pending``); the few reads the writer needs (the
 session a history continues, a session's next number, earlier tool calls) are
 answered from caches of what this process wrote and from the batch's own pending
 rows, and go to the database only on a miss, without writing the batch first. A
 batch of agent steps therefore costs a handful of statements, not several per
-step.
+step: one of them reads the last step number of every session the batch touches.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from gateway.recording.batch import (
     OPEN_CALLS,
     TOP_SEQ,
     Pending,
+    last_numbers,
     reward_row,
     session_row,
     text_of,
@@ -50,7 +57,8 @@ log = logging.getLogger(__name__)
 
 
 class StepWriter:
-    """Writes records; keeps caches (tenants, chains, next seq, tool calls) across batches."""
+    """Writes records; keeps caches (tenants, chains, last step numbers, tool calls) across
+    batches."""
 
     def __init__(
         self,
@@ -62,7 +70,9 @@ class StepWriter:
         self._cache = cache
         self._tenants: set[str] = set()
         self._chains = LRU(cache)  # (tenant, continuation hash) -> session id
-        self._seq = LRU(cache)  # session id -> next seq
+        # session id -> its last step number known here (-1: none): what the caches below
+        # are up to date with
+        self._top = LRU(cache)
         self._calls = LRU(cache // 10)  # session id -> signatures of its tool calls
         # session id -> its last step's prompt ids, which the next one's refer to
         self._lasts = Lasts(int(prompt_cache_mb * 2**20))
@@ -72,21 +82,26 @@ class StepWriter:
         """After a rolled-back batch the caches may name rows that were never committed."""
         self._tenants.clear()
         self._chains.clear()
-        self._seq.clear()
+        self._top.clear()
         self._calls.clear()
         self._lasts.clear()
         self._pending = Pending()
 
     def write(self, conn: Connection, records: Sequence[StepRecord | ToolResultRecord]) -> None:
         """Write ``records`` in ``conn``'s transaction. Reads never need what is pending:
-        the caches hold every chain link, step number and tool call this batch adds, so
-        the batch is one INSERT per table however many lookups it made."""
+        the caches hold every chain link and tool call this batch adds, so the batch is
+        one INSERT per table however many lookups it made."""
+        self._check_known(conn, records)
         for rec in records:
             if isinstance(rec, ToolResultRecord):
                 self._sandbox_result(conn, rec)
             else:
                 self._write_one(conn, rec)
-        self._pending.flush(conn)
+        p = self._pending
+        for sid, top in p.flush(conn).items():
+            if top != p.tops.get(sid, top):  # another writer committed a step meanwhile
+                self._calls.pop(sid, None)
+            self._top.put(sid, top + p.order[sid])
         self._pending = Pending()
 
     def _write_one(self, conn: Connection, rec: StepRecord) -> None:
@@ -108,9 +123,7 @@ class StepWriter:
         sid, rewritten = self._session(conn, rec, prefix)
         if rec.context is not None:  # a condensed prompt: its summary steps, then the event
             self._condensation(conn, rec, sid)
-        seq = self._next_seq(conn, sid)
-        if seq == 0:
-            self._pending.fresh.add(sid)
+        seq = self._take_seq(conn, sid)
         created = now_utc(rec.created_at)
         schemas = tool_schemas(request.get("tools"))
         prompt, last = encode(self._lasts.get(sid), rec.prompt_token_ids, self._lasts.budget > 0)
@@ -174,9 +187,7 @@ class StepWriter:
         body = orjson.dumps(request, option=orjson.OPT_SORT_KEYS)
         sha = hashlib.sha256(body).hexdigest()
         self._pending.blobs[sha] = {"sha256": sha, "body": body}
-        seq = self._next_seq(conn, sid)
-        if seq == 0:
-            self._pending.fresh.add(sid)
+        seq = self._take_seq(conn, sid)
         prompt, _ = encode(None, rec.prompt_token_ids)  # whole: the agent's steps refer on
         row = self._step_row(rec, rec.step_ids[0], rec.choices[0], sid, seq, sha, prompt,
                              now_utc(rec.created_at))  # fmt: skip
@@ -194,7 +205,7 @@ class StepWriter:
         if rec.external_session is not None:
             sid = session_key(rec.tenant, rec.external_session)
             self._pending.sessions.setdefault(sid, session_row(rec, sid))
-            if self._next_seq(conn, sid, peek=True) == 0:
+            if not self._has_steps(conn, sid):
                 return sid, False  # the session's first step: nothing to rewrite
             # Later steps must extend an earlier answer of this session; anything else
             # (a summary, a truncated or edited history) is a rewrite.
@@ -204,7 +215,8 @@ class StepWriter:
             return found, False
         sid = uuid.uuid4().hex  # a new session: nothing to look up for it later
         self._pending.sessions[sid] = session_row(rec, sid)
-        self._seq.put(sid, 0)
+        self._pending.tops[sid] = -1
+        self._top.put(sid, -1)
         self._calls.put(sid, set())
         return sid, False
 
@@ -215,14 +227,47 @@ class StepWriter:
         row = conn.execute(CONTINUED, {"tenant": tenant, "prefix": prefix}).first()
         return None if row is None else str(row[0])
 
-    def _next_seq(self, conn: Connection, sid: str, peek: bool = False) -> int:
-        seq = self._seq.get(sid)
-        if seq is None:
+    def _take_seq(self, conn: Connection, sid: str) -> int:
+        """The step's place among this batch's steps of ``sid`` (its number is given at
+        the commit: ``Pending.number``)."""
+        if not self._has_steps(conn, sid):
+            self._pending.fresh.add(sid)
+        return self._pending.take(sid)
+
+    def _has_steps(self, conn: Connection, sid: str) -> bool:
+        """Whether session ``sid`` has a step, committed or in this batch."""
+        p = self._pending
+        if sid not in p.tops:
             top = conn.execute(TOP_SEQ, {"sid": sid}).scalar()
-            seq = 0 if top is None else int(top) + 1
-        if not peek:
-            self._seq.put(sid, seq + 1)
-        return int(seq)
+            self._known(sid, -1 if top is None else int(top))
+        return p.tops[sid] >= 0 or sid in p.order
+
+    def _check_known(
+        self, conn: Connection, records: Sequence[StepRecord | ToolResultRecord]
+    ) -> None:
+        """Read, in one statement, the last step number of the sessions this batch's steps
+        name (or continue, by a chain link cached here) and that this writer remembers."""
+        sids = set()
+        for rec in records:
+            if not isinstance(rec, StepRecord):
+                continue
+            if rec.external_session is not None:
+                sids.add(session_key(rec.tenant, rec.external_session))
+            elif rec.chain is not None and rec.chain.prefix:
+                sid = self._chains.get(f"{rec.tenant}\x00{rec.chain.prefix}")
+                if sid is not None:
+                    sids.add(str(sid))
+        known = sorted(s for s in sids if s in self._top)
+        for sid, top in last_numbers(conn, known).items() if known else ():
+            self._known(sid, top)
+
+    def _known(self, sid: str, top: int) -> None:
+        """Session ``sid``'s last committed step number is ``top``: what is remembered of
+        it from before is forgotten when another writer has added steps since."""
+        if self._top.get(sid) != top:
+            self._calls.pop(sid, None)
+            self._top.put(sid, top)
+        self._pending.tops[sid] = top
 
     def _step_row(
         self,

@@ -132,7 +132,7 @@ steps = Table(
     Column("continuation_sha256", String(64), comment="hash of history + this answer"),
     Column("routing_version", String(ID), comment="the routing version that decided the tier"),
     Column("created_at", DateTime(timezone=True), nullable=False),
-    Index("ix_steps_session_seq", "session_id", "seq", "choice_index"),
+    Index("ix_steps_session_seq", "session_id", "seq", "choice_index", unique=True),
     Index("ix_steps_tenant_created", "tenant_id", "created_at"),
     Index("ix_steps_tenant_continuation", "tenant_id", "continuation_sha256"),
 )

@@ -1,9 +1,9 @@
 """Two `gearshift serve` processes on one store (SQLite file and PostgreSQL), no balancer in
 front: a client alternates between them. Keys made in the store work on both, a routing
 version published through one is applied by the other, a named session's steps and an
-unnamed session's hash chain are recorded once each whichever replica took them, a Responses
-chain started on one continues on the other, and when one replica stops the other carries
-on with the same sessions."""
+unnamed session's hash chain are recorded once each and numbered 0, 1, ... in the order they
+were committed, whichever replica took them, a Responses chain started on one continues on
+the other, and when one replica stops the other carries on with the same sessions."""
 
 from __future__ import annotations
 
@@ -152,10 +152,5 @@ def test_two_replicas_share_keys_routing_sessions_and_responses(
     )
     assert third.previous_response_id == second.id
 
-    # Last, as it is known to fail: each recorder process caches a session's next step
-    # number (gateway/recording/writer.py, StepWriter._seq), so a session that alternates
-    # replicas gets the numbers 0, 0, 1, 1, ... The steps are all stored, once each; their
-    # order within the session is what is lost (docs/deployment.md: session affinity).
-    seqs = [r.seq for r in rows]
-    if seqs != list(range(5)):
-        pytest.xfail(f"step numbers per recorder process, not per session: {seqs}")
+    # numbered at the commit from the store: one order whichever replica wrote a step
+    assert [r.seq for r in rows] == list(range(5))

@@ -1,10 +1,10 @@
 """The writer's batching: whatever way steps are grouped into batches, the rows are the same.
 
-The writer answers its lookups (a session's chain, its next step number, the tool calls a
-result answers) from caches of what it wrote and from the rows still pending in its batch,
-without writing them first: these tests pin that a tool loop written step by step and the
-same loop written in one batch give the same rows, and that a result resent with every
-later step (as agents resend their history) is counted once.
+The writer answers its lookups (a session's chain, the tool calls a result answers) from
+caches of what it wrote and from the rows still pending in its batch, without writing them
+first, and numbers the steps at the commit: these tests pin that a tool loop written step
+by step and the same loop written in one batch give the same rows, and that a result resent
+with every later step (as agents resend their history) is counted once.
 """
 
 from __future__ import annotations
