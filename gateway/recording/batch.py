@@ -1,6 +1,7 @@
 """What a batch of the writer's is made of: the prepared statements of its lookups, the rows
 waiting for their multi-row INSERTs (``Pending``), and the row builders. The logic that
-decides what goes in them is ``gateway.recording.writer``."""
+decides what goes in them is ``gateway.recording.writer`` (with ``numbering`` and
+``tool_calls``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection, bindparam, func, insert, select, update
 
-from gateway.recording.records import StepRecord, ToolResultRecord
+from gateway.recording.prompt_ref import Encoded
+from gateway.recording.records import ChoiceCapture, StepRecord, ToolResultRecord
+from gateway.store import codec
 from gateway.store.rows import insert_ignore, now_utc
 from gateway.store.schema import blobs, context_events, sessions, steps, tool_calls
 from gateway.store.schema import rewards as rewards_t
@@ -188,6 +191,55 @@ def session_row(rec: StepRecord, sid: str) -> dict[str, Any]:
         "outcome": None,
         "created_at": now_utc(rec.created_at),
         "ended_at": None,
+    }
+
+
+def step_row(
+    rec: StepRecord,
+    step_id: str,
+    choice: ChoiceCapture,
+    sid: str,
+    seq: int,
+    sha: str,
+    prompt: Encoded,
+    created: datetime,
+) -> dict[str, Any]:
+    return {
+        "id": step_id,
+        "tenant_id": rec.tenant,
+        "session_id": sid,
+        "seq": seq,
+        "choice_index": choice.index,
+        "request_id": rec.request_id,
+        "endpoint": rec.endpoint,
+        "request_sha256": sha,
+        "response": choice.message,
+        "prompt_token_ids": prompt.ids,
+        "prompt_ref_step": prompt.ref,
+        "prompt_ref_len": prompt.shared,
+        "completion_token_ids": codec.pack_ids(choice.token_ids),
+        "logprobs": codec.pack_floats(choice.logprobs) if choice.token_ids is not None else None,
+        "tier": rec.tier,
+        "model": rec.model,
+        "replica": rec.replica,
+        "policy": rec.policy,
+        "routing_version": rec.routing_version,
+        "propensity": rec.propensity,
+        "route_reason": rec.route_reason,
+        "features": rec.features,
+        "fallback": rec.fallback,
+        "escalated": rec.escalated,
+        "attempts": rec.attempts,
+        "status": rec.status,
+        "finish_reason": choice.finish_reason,
+        "prompt_tokens": rec.prompt_tokens,
+        "completion_tokens": len(choice.token_ids)
+        if choice.token_ids is not None
+        else rec.completion_tokens,
+        "ttft_ms": rec.ttft_ms,
+        "duration_ms": rec.duration_ms,
+        "error": rec.error,
+        "created_at": created,
     }
 
 

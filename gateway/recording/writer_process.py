@@ -143,7 +143,7 @@ class BatchWriter:
 
     def _not_yet_written(self, records: list[Record]) -> list[Record]:
         """Steps whose first id is not committed; every tool result (applying one twice is
-        a no-op: see ``StepWriter._sandbox_result``)."""
+        a no-op: see ``ToolCalls.sandbox_result``)."""
         ids = [r.step_ids[0] for r in records if isinstance(r, StepRecord)]
         with self.engine.connect() as conn:
             have = set(conn.execute(select(steps.c.id).where(steps.c.id.in_(ids))).scalars())

@@ -1,0 +1,197 @@
+"""The writer's tool calls: a call's row, the results that answer it, and the calls each
+session has made.
+
+A call is answered either by a tool message of a later request of its session (paired
+here with the call it names) or by the sandbox run that executed it (``ToolResultRecord``).
+Either answer finds the call pending in the batch or, failing that, committed. What a
+session has called before, by signature, is remembered so that a repeated call is
+rewarded without a query; the writer drops a session's entry when another writer has
+added steps to it (``gateway.recording.numbering``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection
+
+from gateway.recording.batch import (
+    CALL_BY_ID,
+    CALL_SIGS,
+    LRU,
+    NO_SANDBOX_RESULT,
+    OPEN_CALLS,
+    Pending,
+    reward_row,
+    text_of,
+)
+from gateway.recording.records import StepRecord, ToolResultRecord
+from gateway.store import rewards
+from gateway.store.rows import now_utc, session_key
+from sandbox.toolschema import check_call
+
+# under the writer's name: one logger for all that the writer reports
+log = logging.getLogger("gateway.recording.writer")
+
+
+class ToolCalls:
+    """Builds tool-call rows and applies answers to them; caches, per session, the
+    signatures of its calls (``rewards.call_signature``)."""
+
+    def __init__(self, cache: int) -> None:
+        self._made = LRU(cache)  # session id -> signatures of its tool calls
+
+    def clear(self) -> None:
+        self._made.clear()
+
+    def forget(self, sid: str) -> None:
+        """Read session ``sid``'s calls again from the store when next needed."""
+        self._made.pop(sid, None)
+
+    def new_session(self, sid: str) -> None:
+        """Session ``sid`` was started by this writer: it has made no call yet."""
+        self._made.put(sid, set())
+
+    def row(
+        self,
+        conn: Connection,
+        p: Pending,
+        rec: StepRecord,
+        step_id: str,
+        sid: str,
+        call: dict[str, Any],
+        schemas: dict[str, dict[str, Any]],
+        created: datetime,
+    ) -> dict[str, Any]:
+        """The row of ``call``, made by step ``step_id``; its ``_problem`` (the arguments
+        against the tool's schema) and ``_repeated`` are for the step's rewards and are
+        popped before the insert."""
+        fn = call.get("function") or {}
+        name, args = str(fn.get("name") or ""), str(fn.get("arguments") or "")
+        problem = check_call(name, args, schemas) if schemas else None
+        made = self._session_calls(conn, p, sid)
+        sig = rewards.call_signature(name, args)
+        repeated = sig in made
+        made.add(sig)
+        return {
+            "id": uuid.uuid4().hex,
+            "tenant_id": rec.tenant,
+            "session_id": sid,
+            "step_id": step_id,
+            "call_id": call.get("id"),
+            "tool": name,
+            "arguments": args,
+            "arguments_valid": problem is None,
+            "status": "pending",
+            # set in place when a sandbox run or a later step of this batch answers it
+            "result": None,
+            "result_step_id": None,
+            **NO_SANDBOX_RESULT,
+            "created_at": created,
+            "_problem": problem,
+            "_repeated": repeated,
+        }
+
+    def results(
+        self,
+        conn: Connection,
+        p: Pending,
+        rec: StepRecord,
+        sid: str,
+        step_id: str,
+        messages: Any,
+        created: datetime,
+    ) -> list[dict[str, Any]]:
+        """Pair tool messages in this request with the open calls they answer: this batch's
+        in memory, then committed ones (unless the session had nothing committed)."""
+        results: dict[Any, Any] = {
+            m.get("tool_call_id"): m.get("content")
+            for m in messages or ()
+            if isinstance(m, dict) and m.get("role") == "tool" and m.get("tool_call_id")
+        }
+        if not results:
+            return []
+        # (the call's row when it is pending in this batch, else its id; exit status; result)
+        found: list[tuple[dict[str, Any] | str, int | None, str]] = []
+        mine = p.open_calls.get(sid, {})
+        for call_id in list(results):
+            row = mine.pop(call_id, None)
+            if row is not None:
+                found.append((row, None, text_of(results.pop(call_id))))
+        if results and sid not in p.fresh:
+            params = {"sid": sid, "call_ids": list(results)}
+            for call_pk, call_id, exit_status in conn.execute(OPEN_CALLS, params):
+                if call_pk not in p.answered:
+                    p.answered.add(call_pk)
+                    found.append((call_pk, exit_status, text_of(results[call_id])))
+        out = []
+        for call, exit_status, text in found:
+            ok = (
+                exit_status == 0
+                if exit_status is not None
+                else rewards.tool_outcome_from_text(text)
+            )
+            answer = {"result": text, "result_step_id": step_id, "status": "ok" if ok else "error"}
+            if isinstance(call, dict):
+                call.update(answer)
+                call_pk = call["id"]
+            else:
+                call_pk = call
+                p.answers.append(
+                    {
+                        "pk": call,
+                        "answer": text,
+                        "answer_step": step_id,
+                        "answer_status": answer["status"],
+                    }
+                )
+            out.append(
+                reward_row(rec, sid, None, call_pk, "tool_success", 1.0 if ok else -1.0, created)
+            )
+        return out
+
+    def sandbox_result(self, conn: Connection, p: Pending, rec: ToolResultRecord) -> None:
+        """Set a sandbox run's outcome on the call it answers (pending in this batch, or
+        committed) with its rewards. Applied once: a batch resent after a crash finds the
+        committed call carrying the same attestation."""
+        sid = session_key(rec.tenant, rec.session)
+        values, earned = rewards.sandbox_outcome(rec.outcome)
+        row = next(
+            (
+                c
+                for c in reversed(p.calls)
+                if c["session_id"] == sid and c["call_id"] == rec.call_id
+            ),
+            None,
+        )
+        if row is not None:
+            row.update(values)
+            p.open_calls.get(sid, {}).pop(rec.call_id, None)  # answered: no step pairs it again
+            call_pk = row["id"]
+        else:
+            found = conn.execute(CALL_BY_ID, {"sid": sid, "call": rec.call_id}).first()
+            if found is None:
+                log.warning("tool result for unknown call %r of session %r", rec.call_id, sid)
+                return
+            call_pk, attestation = found
+            if call_pk in p.answered or (attestation and attestation == values["attestation"]):
+                return
+            p.answered.add(call_pk)
+            p.sandbox_results.append({"pk": call_pk} | {"set_" + k: v for k, v in values.items()})
+        created = now_utc(rec.created_at)
+        p.rewards += [
+            reward_row(rec, sid, None, call_pk, name, value, created, source="sandbox")
+            for name, value in earned.items()
+        ]
+
+    def _session_calls(self, conn: Connection, p: Pending, sid: str) -> set[str]:
+        made = self._made.get(sid)
+        if made is None:
+            rows = [*conn.execute(CALL_SIGS, {"sid": sid})]
+            rows += [(c["tool"], c["arguments"]) for c in p.calls if c["session_id"] == sid]
+            made = {rewards.call_signature(t, a) for t, a in rows}
+            self._made.put(sid, made)
+        return made
