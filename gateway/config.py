@@ -263,6 +263,7 @@ class ContextOverride(Section):
     budget_tokens: int | None = Field(default=None, gt=0)
     summarizer: Literal["fast", "full", "extractive"] | None = None
     rungs: list[Literal["mask", "summarize", "drop"]] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
 
 
 class ContextSettings(Section):
@@ -318,10 +319,22 @@ class ContextSettings(Section):
     sessions: int = Field(
         default=10_000, ge=1, description="sessions whose last condensation is remembered (LRU)"
     )
+    truncation: Literal["auto", "disabled"] = Field(
+        default="disabled",
+        description="the truncation of a /v1/responses request that sends none (auto: "
+        "condense its chain to the budget); a request's own value wins",
+    )
     tenants: dict[str, ContextOverride] = Field(default_factory=dict)
     keys: dict[str, ContextOverride] = Field(
         default_factory=dict, description="by API key name (auth.keys), over the tenant's"
     )
+
+    def truncation_for(self, tenant: str, key: str) -> Literal["auto", "disabled"]:
+        """The Responses ``truncation`` default of a key of ``tenant``: key, tenant, config."""
+        for o in (self.keys.get(key), self.tenants.get(tenant)):
+            if o is not None and o.truncation is not None:
+                return o.truncation
+        return self.truncation
 
 
 class McpServerSettings(Section):
@@ -396,6 +409,13 @@ class ResponsesSettings(Section):
         default_factory=dict,
         description="per-tenant caps ({tenant: {max_turns, max_tool_calls}}) replacing the "
         "defaults above for that tenant",
+    )
+    sandbox_cache_s: float = Field(
+        default=1.0,
+        ge=0,
+        le=60,
+        description="how long the sandbox's tool listing and a key's tools held for approval "
+        "are reused by the next requests with hosted tools (0: ask on every request)",
     )
     mcp: McpSettings = McpSettings()
 

@@ -5,14 +5,26 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import orjson
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, func, or_, select
 
 from gateway.store import codec, prompt_refs
 from gateway.store.rewards import combined
-from gateway.store.schema import blobs, feedback, rewards, sessions, steps, tool_calls
+from gateway.store.schema import (
+    SUMMARY_POLICY,
+    blobs,
+    feedback,
+    rewards,
+    sessions,
+    steps,
+    tool_calls,
+)
+
+# What an export does with context summaries' own model calls (``SUMMARY_POLICY`` steps)
+Summaries = Literal["exclude", "include", "only"]
+SUMMARIES: tuple[Summaries, ...] = ("exclude", "include", "only")
 
 
 @dataclass(slots=True)
@@ -43,6 +55,11 @@ class Step:
         return list(m) if isinstance(m, list) else []
 
     @property
+    def summary(self) -> bool:
+        """A context summary's model call: its prompt is the summarizer's, not the agent's."""
+        return self.policy == SUMMARY_POLICY
+
+    @property
     def has_tokens(self) -> bool:
         return (
             bool(self.prompt_ids) and self.completion_ids is not None and self.logprobs is not None
@@ -58,12 +75,26 @@ class Trajectory:
     feedback: list[dict[str, Any]]
     reward: float = 0.0  # combined over all scopes
 
-    @property
-    def linear(self) -> bool:
-        """One answer per call and no rewritten history: the steps extend one conversation."""
-        return all(s.choice_index == 0 and not s.rewritten for s in self.steps) and len(
-            {s.seq for s in self.steps}
-        ) == len(self.steps)
+    def runs(self) -> list[list[Step]]:
+        """The steps cut into conversations, each step of a run extending the one before.
+
+        A step whose history was rewritten (a condensed context: its prompt is the summary
+        and what followed it) starts a new run. A call that sampled several answers and a
+        summary's own model call each stand alone: nothing continues them.
+        """
+        per_seq: dict[int, int] = {}
+        for s in self.steps:
+            per_seq[s.seq] = per_seq.get(s.seq, 0) + 1
+        out: list[list[Step]] = []
+        joinable = False  # whether the last run may take the next step
+        for s in self.steps:
+            alone = s.summary or s.choice_index != 0 or per_seq[s.seq] > 1
+            if joinable and not alone and not s.rewritten:
+                out[-1].append(s)
+            else:
+                out.append([s])
+            joinable = not alone
+        return out
 
     @property
     def group(self) -> str:
@@ -79,6 +110,8 @@ class Filter:
     until: datetime | None = None  # sessions started before this
     min_reward: float | None = None
     only_ok: bool = True  # leave out steps that failed (no answer to learn from)
+    # a context summary's model calls: left out of the agent's steps unless asked for
+    summaries: Summaries = "exclude"
 
 
 def count(conn: Connection, flt: Filter) -> int:
@@ -118,6 +151,10 @@ def _load(
     )
     if flt.only_ok:
         q = q.where(steps.c.status == 200)
+    if flt.summaries == "exclude":
+        q = q.where(or_(steps.c.policy.is_(None), steps.c.policy != SUMMARY_POLICY))
+    elif flt.summaries == "only":
+        q = q.where(steps.c.policy == SUMMARY_POLICY)
     rw = [
         dict(r._mapping)
         for r in conn.execute(

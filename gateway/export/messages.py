@@ -1,8 +1,10 @@
 """Message-level exports: OpenAI SFT JSONL, TRL conversational SFT, TRL stepwise supervision.
 
-A linear session becomes one conversation (its last request plus the last
-answer); a session whose history was rewritten (summarized, truncated) or that
-sampled several answers per call is written step by step, never concatenated.
+Each run of a session (``Trajectory.runs``) becomes one conversation: its last
+request plus the last answer. A session whose history was rewritten (summarized,
+truncated) is cut there, the new run starting from the context the model saw; a
+call that sampled several answers, and a context summary's model call, is a
+conversation of its own.
 """
 
 from __future__ import annotations
@@ -18,12 +20,9 @@ from gateway.export.load import Step, Trajectory, assistant_message
 
 def conversations(t: Trajectory) -> Iterator[tuple[list[dict[str, Any]], list[Step], int]]:
     """(messages, steps that produced its assistant turns, index of the first generated turn)."""
-    if t.linear:
-        last = t.steps[-1]
-        yield [*last.messages, assistant_message(last)], t.steps, len(t.steps[0].messages)
-        return
-    for s in t.steps:
-        yield [*s.messages, assistant_message(s)], [s], len(s.messages)
+    for run in t.runs():
+        last = run[-1]
+        yield [*last.messages, assistant_message(last)], run, len(run[0].messages)
 
 
 def _tools(step: Step) -> list[dict[str, Any]]:
@@ -70,17 +69,20 @@ def trl_sft(t: Trajectory) -> Iterator[dict[str, Any]]:
 
 
 def trl_stepwise(t: Trajectory) -> Iterator[dict[str, Any]]:
-    """TRL's stepwise supervision: one prompt, the answers step by step, a label per step."""
-    first = t.steps[0]
-    prompt = "\n".join(
-        str(m.get("content") or "") for m in first.messages if m.get("role") in ("system", "user")
-    )
-    yield {
-        "prompt": prompt,
-        "completions": [_as_text(assistant_message(s)) for s in t.steps],
-        "labels": [s.reward >= 0 for s in t.steps],
-        "gearshift": _provenance(t, t.steps),
-    }
+    """TRL's stepwise supervision: one prompt, the answers step by step, a label per step
+    (a row per run of the session)."""
+    for run in t.runs():
+        prompt = "\n".join(
+            str(m.get("content") or "")
+            for m in run[0].messages
+            if m.get("role") in ("system", "user")
+        )
+        yield {
+            "prompt": prompt,
+            "completions": [_as_text(assistant_message(s)) for s in run],
+            "labels": [s.reward >= 0 for s in run],
+            "gearshift": _provenance(t, run),
+        }
 
 
 def _as_text(m: dict[str, Any]) -> str:

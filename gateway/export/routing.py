@@ -63,7 +63,9 @@ def logged_steps(
     on_session: Callable[[], None] | None = None,
 ) -> Iterator[Logged]:
     counts = counts if counts is not None else Counts()
-    for t in trajectories(conn, replace(flt, only_ok=False), weights):
+    # A context summary's model call is no routing decision (the summarizer's tier is set).
+    every = replace(flt, only_ok=False, summaries="exclude")
+    for t in trajectories(conn, every, weights):
         counts.sessions += 1
         if on_session is not None:
             on_session()

@@ -2,11 +2,12 @@
 
 Both need one token sequence per episode with the model's tokens marked
 trainable and everything the environment inserted (tool output, user turns,
-template tokens between turns) masked. A session is concatenated only when each
-step's prompt ids begin with the previous step's prompt and completion ids
-exactly as vLLM produced them; otherwise (history rewritten, several samples,
-or a chat template that re-tokenizes the previous answer differently) every
-step is its own row. Nothing is ever re-tokenized.
+template tokens between turns) masked. Each run of a session
+(``Trajectory.runs``: cut where its history was rewritten, e.g. condensed) is
+concatenated only when each step's prompt ids begin with the previous step's
+prompt and completion ids exactly as vLLM produced them; otherwise (several
+samples, or a chat template that re-tokenizes the previous answer differently)
+every step of the run is its own row. Nothing is ever re-tokenized.
 """
 
 from __future__ import annotations
@@ -48,22 +49,25 @@ def _usable(s: Step) -> bool:
 
 
 def episodes(t: Trajectory) -> Iterator[Episode]:
-    steps = [s for s in t.steps if _usable(s)]
-    if not steps:
-        return
-    if t.linear and _extends(steps):
-        ep = Episode(list(steps[0].prompt_ids or ()))
-        seen = list(ep.prompt_ids)
+    for run in t.runs():
+        steps = [s for s in run if _usable(s)]
+        if steps and _extends(steps):
+            yield _joined(steps)
+            continue
         for s in steps:
-            ep.add_env((s.prompt_ids or [])[len(seen) :])
+            ep = Episode(list(s.prompt_ids or ()))
             ep.add_model(s)
-            seen = [*(s.prompt_ids or ()), *(s.completion_ids or ())]
-        yield ep
-        return
+            yield ep
+
+
+def _joined(steps: list[Step]) -> Episode:
+    ep = Episode(list(steps[0].prompt_ids or ()))
+    seen = list(ep.prompt_ids)
     for s in steps:
-        ep = Episode(list(s.prompt_ids or ()))
+        ep.add_env((s.prompt_ids or [])[len(seen) :])
         ep.add_model(s)
-        yield ep
+        seen = [*(s.prompt_ids or ()), *(s.completion_ids or ())]
+    return ep
 
 
 def _extends(steps: list[Step]) -> bool:

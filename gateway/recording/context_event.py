@@ -19,8 +19,7 @@ from typing import Any
 from gateway.recording.capture import choices_of
 from gateway.recording.records import ChoiceCapture, StepRecord
 from gateway.store.rows import now_utc
-
-SUMMARY_POLICY = "context-summary"
+from gateway.store.schema import SUMMARY_POLICY
 
 
 def summary_steps(rec: StepRecord) -> list[StepRecord]:

@@ -85,6 +85,10 @@ blobs = Table(
     Column("body", LargeBinary, nullable=False, comment="JSON, as the client sent it"),
 )
 
+# ``steps.policy`` of a context summarizer's own model call (recorded by the context ladder,
+# left out of exports and router training unless asked for)
+SUMMARY_POLICY = "context-summary"
+
 steps = Table(
     "steps",
     metadata,

@@ -13,6 +13,7 @@ from typing import Any
 import openai
 import pytest
 
+from gateway.auth import hash_key
 from gateway.export.formats import FORMATS, export
 from gateway.export.load import Filter
 from gateway.store.database import make_engine
@@ -79,6 +80,33 @@ def test_truncation_auto_condenses_a_stored_chain(make_stack):
     assert "x-gearshift-context" not in plain.headers and plain.parse().truncation == "disabled"
     assert not any("removed by the gateway" in str(m.get("content"))
                    for m in full.requests[-1]["messages"])  # fmt: skip
+
+
+def test_a_tenant_or_key_sets_the_truncation_default(make_stack):
+    keys = {"a1": "gs-key-a1", "a2": "gs-key-a2", "b": "gs-key-b"}
+    tenant = {"a1": "a", "a2": "a", "b": "b"}
+    auth = {"mode": "keys", "keys": [
+        {"name": n, "tenant": tenant[n], "sha256": hash_key(k)} for n, k in keys.items()
+    ]}  # fmt: skip
+    overrides = {
+        "tenants": {"a": {"truncation": "auto"}},
+        "keys": {"a2": {"truncation": "disabled"}},
+    }
+    full = FakeUpstream("full")
+    stack = make_stack([full], context={**ESTIMATE, **overrides}, auth=auth)
+
+    def masked(name: str, **extra: Any) -> tuple[str, bool]:
+        made = stack.client(api_key=keys[name]).responses.create(
+            model="full", input=tool_history(8), **extra
+        )
+        sent = full.requests[-1]["messages"]
+        return made.truncation, any("removed by the gateway" in str(m["content"]) for m in sent)
+
+    assert masked("a1") == ("auto", True)  # the tenant's default, without asking
+    assert masked("a1", truncation="disabled") == ("disabled", False)  # the request wins
+    assert masked("a2") == ("disabled", False)  # the key's over its tenant's
+    assert masked("b") == ("disabled", False)  # the config's (OpenAI's default)
+    assert masked("b", truncation="auto") == ("auto", True)
 
 
 def test_truncation_must_be_auto_or_disabled(make_stack):
@@ -180,16 +208,20 @@ def test_condensations_are_session_events_and_summaries_are_steps(make_stack, tm
     client.responses.compact(model="full", input=tool_history(3))
     apis = rows(stack.store_url, "SELECT api FROM context_events ORDER BY id", want=3)
     assert [a for (a,) in apis] == ["chat", "responses", "compact"]
-    # every trajectory export format reads these sessions, summary steps included
+    # every trajectory export format reads these sessions; summary steps only when asked
     engine = make_engine(stack.store_url)
     try:
         for fmt in FORMATS:
             out = tmp_path / f"export-{fmt}"
             done = export(engine, fmt, out, Filter(), DEFAULT_WEIGHTS, progress=False)
-            assert done.sessions >= 3 and done.rows > 0, fmt
+            # the compaction's session holds only its summary call
+            assert done.sessions == 2 and done.rows > 0, fmt
+        assert "context-summary" not in (tmp_path / "export-jsonl").read_text()
+        out = tmp_path / "summaries.jsonl"
+        export(engine, "jsonl", out, Filter(summaries="only"), DEFAULT_WEIGHTS, progress=False)
     finally:
         engine.dispose()
-    assert "context-summary" in (tmp_path / "export-jsonl").read_text()
+    assert out.read_text().count('"policy":"context-summary"') == 3  # one per event
 
 
 def _chat(turns: int) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -247,28 +248,55 @@ def test_control_forms_refuse_other_sites_and_bad_values(stack):
     assert r.status_code == 400 and "nothing is published" in r.text
 
 
+def tool_call(name: str, arguments: str, call_id: str) -> Behaviour:
+    made = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    return Behaviour(message={"role": "assistant", "content": None, "tool_calls": [made]})
+
+
+@pytest.fixture
+def held_sandbox(sandbox_root) -> Iterator[dict[str, Any]]:
+    """The real sandbox service, holding tenant acme's mutating tools for an approval; the
+    gateway's ``sandbox`` section that reaches it."""
+    from sandbox.config import GrantConfig, SandboxConfig
+    from sandbox.service import create_app
+    from tests.support.servers import free_port, serve_in_thread
+
+    held = GrantConfig(tools=["write_file"], write=["*"], approval=["mutating"])
+    port = free_port()
+    cfg = SandboxConfig(token="t", root=sandbox_root, host="127.0.0.1", port=port,
+                        grants_by_tenant={"acme": held})  # fmt: skip
+    with serve_in_thread(create_app(cfg), port=port):
+        yield {"token": "t", "host": "127.0.0.1", "port": port}
+
+
 @needs_chromium
-def test_an_operator_answers_the_approval_queue_in_the_browser(make_stack, tmp_path):
+def test_an_operator_answers_the_approval_queue_in_the_browser(make_stack, tmp_path, held_sandbox):
     from playwright.sync_api import sync_playwright
 
     from tests.support.mcp_server import demo_server
     from tests.support.servers import serve_in_thread
 
     def shout(text: str, call_id: str) -> Behaviour:
-        call = {"id": call_id, "type": "function",
-                "function": {"name": "shout", "arguments": f'{{"text": "{text}"}}'}}  # fmt: skip
-        return Behaviour(message={"role": "assistant", "content": None, "tool_calls": [call]})
+        return tool_call("shout", f'{{"text": "{text}"}}', call_id)
 
     with serve_in_thread(demo_server()) as mcp:
         url = mcp + "/mcp"
-        up = FakeUpstream().then(shout("yes", "c1"), shout("no", "c2"), Behaviour(), Behaviour())
+        write = tool_call("write_file", '{"path": "a.txt", "content": "x"}', "c3")
+        up = FakeUpstream().then(shout("yes", "c1"), shout("no", "c2"), write, Behaviour(),
+                                 Behaviour())  # fmt: skip
         servers = [{"label": "demo", "url": url, "tenants": ["acme"]}]
-        stack = make_stack([up], responses={"mcp": {"servers": servers}}, auth=AUTH)
+        stack = make_stack(
+            [up], responses={"mcp": {"servers": servers}}, auth=AUTH, sandbox=held_sandbox
+        )
         agent = stack.client(api_key=KEYS["agent"])
         tools = [{"type": "mcp", "server_label": "demo", "server_url": url}]
         asked = [agent.responses.create(model="full", input=t, tools=tools) for t in ("a", "b")]
         ids = [r.output[-1].id for r in asked]
         assert all(r.output[-1].type == "mcp_approval_request" for r in asked)
+        sandboxed = agent.responses.create(
+            model="full", input="c", tools=[{"type": "sandbox", "name": "write_file"}]
+        ).output[-1]
+        assert (sandboxed.type, sandboxed.server_label) == ("mcp_approval_request", "sandbox")
 
         shots = screenshots(tmp_path)
         with sync_playwright() as pw:
@@ -277,8 +305,16 @@ def test_an_operator_answers_the_approval_queue_in_the_browser(make_stack, tmp_p
                 page = logged_in(browser, stack.url)
                 page.click("text=Approvals")
                 page.wait_for_url("**/dashboard/approvals")
-                assert page.locator("#approvals tr[data-approval]").count() == 2
+                assert page.locator("#approvals tr[data-approval]").count() == 3
                 page.screenshot(path=str(shots / "dashboard-approvals.png"), full_page=True)
+                # each row says which kind of tool waits
+                kinds = page.locator("#approvals tr[data-approval] td.kind").all_inner_texts()
+                assert sorted(kinds) == ["MCP server demo", "MCP server demo", "sandbox tool"]
+                mine = f"#approvals tr[data-approval='{sandboxed.id}']"
+                assert page.get_attribute(mine, "data-kind") == "sandbox"
+                page.click(f"{mine} button:text-is('Deny')")
+                page.wait_for_selector(".notice")
+                assert page.locator("#approvals tr[data-approval]").count() == 2
                 row = f"#approvals tr[data-approval='{ids[0]}']"
                 page.fill(f"{row} input[name=reason]", "looks safe")
                 page.click(f"{row} button:text-is('Approve')")

@@ -124,3 +124,27 @@ def test_a_code_interpreter_call_waits_then_runs_approved(make_stack, sandbox_po
     assert call.type == "mcp_call" and call.output == "42\n" and call.status == "completed"
     told = {"role": "tool", "tool_call_id": "call_1", "content": "42\n"}
     assert up.requests[1]["messages"][-1] == told
+
+
+def test_back_to_back_requests_ask_the_sandbox_once(make_stack, sandbox_root):
+    """The listing and the principal's held tools are remembered for about a second: an
+    agent's next request does not ask the sandbox again (``sandbox_offers``)."""
+    asked: list[str] = []
+    port = free_port()
+    app = create_app(SandboxConfig(token="test-token", root=sandbox_root, host="127.0.0.1",
+                                   port=port, grants_by_tenant={"default": GRANT}))  # fmt: skip
+
+    async def counted(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            asked.append(f"{scope['method']} {scope['path']}")
+        await app(scope, receive, send)
+
+    with serve_in_thread(counted, port=port):
+        sandbox = {"token": "test-token", "host": "127.0.0.1", "port": port}
+        # a TTL no loaded test machine outlasts between two requests (default: 1 s)
+        stack = make_stack([FakeUpstream()], sandbox=sandbox, responses={"sandbox_cache_s": 30})
+        client = stack.client()
+        for text in ("first", "second"):
+            done = client.responses.create(model="full", input=text, tools=[WRITE, READ])
+            assert done.status == "completed" and done.output_text
+    assert asked.count("GET /v1/tools") == 1 and asked.count("POST /v1/approvals") == 1

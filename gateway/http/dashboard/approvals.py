@@ -1,6 +1,8 @@
-"""The dashboard's approval queue: the tool calls that wait for a human (MCP tools with
-``require_approval``), with Approve / Deny. A decision is stored exactly as
-``POST /admin/v1/approvals/{id}`` stores it, with ``approver: "operator:<key name>"``."""
+"""The dashboard's approval queue: the tool calls that wait for a human, with Approve /
+Deny: MCP tools with ``require_approval``, and the sandbox's own tools a grant holds for
+approval (``server_label: "sandbox"``, a label no MCP server may take). A decision is stored
+exactly as ``POST /admin/v1/approvals/{id}`` stores it, with ``approver:
+"operator:<key name>"``."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from starlette.responses import RedirectResponse, Response
 from gateway.errors import GatewayError
 from gateway.http.dashboard import base
 from gateway.pipeline.responses.approvals import decision_item
+from gateway.pipeline.responses.mcp_tools import SANDBOX_LABEL
 from gateway.store import approvals as stored
 from gateway.store.queries import NotFound
 
@@ -23,6 +26,7 @@ def _pending(conn: Connection) -> dict[str, Any]:
     return {
         "pending": stored.pending(conn),
         "when": lambda t: datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S"),
+        "sandbox": SANDBOX_LABEL,
     }
 
 

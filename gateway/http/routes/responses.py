@@ -9,7 +9,8 @@
     POST   /v1/responses/{id}/cancel          stop a background response
     POST   /v1/responses/compact              a conversation as its user messages and a
                                               summary (``compaction``)
-    GET    /admin/v1/approvals                pending MCP approval requests (``approvals``)
+    GET    /admin/v1/approvals                pending approval requests, MCP and sandbox
+                                              tools (``approvals``)
 
 Everything is scoped to the caller's tenant: another tenant's response is a 404 like a
 missing one. docs/responses.md lists what is served and what is not yet.
@@ -94,6 +95,9 @@ def build_router(services: Services, pipeline: CompletionPipeline) -> APIRouter:
         protocol.check_names(body)
         parsed = validated(body, protocol.ResponsesRequest)
         protocol.check_supported(parsed)
+        if parsed.truncation is None:  # the key's, tenant's or config's default
+            default = services.settings.context.truncation_for(who.tenant, who.key_name)
+            parsed = parsed.model_copy(update={"truncation": default})
         identity = RequestIdentity(
             request.state.request_id, request.state.t0, "chat", parsed.model, who.tenant,
             who.key_name, headers.get("x-session-id"), headers.get("x-gearshift-task-id"),

@@ -23,7 +23,6 @@ response (``SandboxUnavailable``).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -36,8 +35,9 @@ from gateway.errors import GatewayError, InvalidRequest, SandboxUnavailable, Sto
 from gateway.pipeline.request import RequestIdentity
 from gateway.pipeline.responses import approvals, mcp_tools
 from gateway.pipeline.responses.items import CODE_TOOL, new_id, tool_name
+from gateway.pipeline.responses.sandbox_offers import SandboxOffers
 from gateway.pipeline.services import Services
-from gateway.pipeline.tools import held_for_approval, list_tools, run_tool
+from gateway.pipeline.tools import run_tool
 from gateway.recording.recorder import RecorderClosed
 from gateway.store import queries
 from sandbox.protocol import ToolResult
@@ -93,19 +93,18 @@ def _known_keys(tool: dict[str, Any], allowed: frozenset[str], where: str) -> No
 
 
 async def offer(
-    services: Services, wanted: Iterable[Hosted], who: RequestIdentity
+    services: Services, wanted: Iterable[Hosted], who: RequestIdentity, asked: SandboxOffers
 ) -> tuple[dict[str, str], list[Any]]:
     """The hosted tools' kinds by function name, and their chat tool schemas from the
     sandbox; a sandbox that is down is a 503 here, before anything is sent. A tool whose
     risk class the caller's grant holds for an approval (the sandbox declares which) is
     of the kind of an MCP tool that needs approval, of the server ``sandbox``: its calls
-    wait as ``mcp_approval_request`` items (``approvals``)."""
+    wait as ``mcp_approval_request`` items (``approvals``). Both come from the sandbox
+    through ``asked``, which remembers them for about a second (``sandbox_offers``)."""
     wanted = list(wanted)
     if not wanted:
         return {}, []
-    listed, held = await asyncio.gather(
-        list_tools(services.sandbox), held_for_approval(services.sandbox, who.tenant, who.api_key)
-    )
+    listed, held = await asked.get(services.sandbox, who.tenant, who.api_key)
     schemas = {t["function"]["name"]: t for t in listed}
     kinds: dict[str, str] = {}
     offered: list[Any] = []

@@ -49,6 +49,7 @@ from gateway.pipeline.responses.loop import NOT_RUN, Decision, LoopState, StepAn
 from gateway.pipeline.responses.mcp_client import Target
 from gateway.pipeline.responses.output import answer_items, usage
 from gateway.pipeline.responses.protocol import ResponsesRequest
+from gateway.pipeline.responses.sandbox_offers import SandboxOffers
 from gateway.pipeline.responses.streaming import serve_stream
 from gateway.pipeline.responses.turn import Turn
 from gateway.pipeline.services import Services
@@ -66,11 +67,13 @@ class ResponsesService:
     def __init__(self, services: Services, pipeline: CompletionPipeline) -> None:
         self.services = services
         self.pipeline = pipeline
+        # the sandbox's listing and a key's held tools, reused for about a second
+        self.sandbox_offers = SandboxOffers(services.settings.responses.sandbox_cache_s)
         self.background = Background(self)
 
     async def prepare(self, request: ResponsesRequest, who: RequestIdentity) -> Turn:
         """Everything that may refuse the request, before any model call or store write."""
-        return await prepared.prepare(self.services, request, who, self.call)
+        return await prepared.prepare(self.services, request, who, self.call, self.sandbox_offers)
 
     def new_state(self, turn: Turn) -> LoopState:
         """The loop's caps: the request's, under its tenant's (``responses.tenants``, else

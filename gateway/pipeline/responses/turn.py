@@ -24,6 +24,7 @@ from gateway.pipeline.responses.loop import LoopState
 from gateway.pipeline.responses.mcp_calls import McpOffer
 from gateway.pipeline.responses.output import Frame
 from gateway.pipeline.responses.protocol import ResponsesRequest
+from gateway.pipeline.responses.sandbox_offers import SandboxOffers
 from gateway.pipeline.services import Services
 from gateway.store import responses as stored
 
@@ -61,14 +62,18 @@ class Turn:
 
 
 async def prepare(
-    services: Services, request: ResponsesRequest, who: RequestIdentity, call: StoreCall
+    services: Services,
+    request: ResponsesRequest,
+    who: RequestIdentity,
+    call: StoreCall,
+    asked: SandboxOffers,
 ) -> Turn:
     """Everything that may refuse the request, before any model call or store write;
     ``call`` runs a store operation (a missing response: a 404 naming the parameter)."""
     spec = chat.echo(request)
     mcp_settings = services.settings.responses.mcp
     servers = mcp_calls.targets(mcp_settings, who.tenant, spec.mcp)  # the allowlist
-    kinds, offered = await hosted.offer(services, spec.hosted, who)
+    kinds, offered = await hosted.offer(services, spec.hosted, who, asked)
     chain = stored.Chain("", [])
     if request.previous_response_id is not None:
         prev = request.previous_response_id
