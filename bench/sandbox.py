@@ -15,17 +15,19 @@ starts, API keys, policy, attestation and recording to SQLite): ``POST /v1/tools
 (``print(1)``) and ``/v1/tools/run_shell`` (``echo 1``), each answering a tool call of a
 recorded step, p50/p95:
 
-- cold: each call the first of a new session;
+- cold: each call the first of a new session, 0.3 s apart (an agent's first tool call
+  comes after a chat step at least: the sandbox's pool of spare warm sandboxes refills
+  in the meantime); ``cold_burst``: the same back to back, outrunning the refill;
 - warm: calls in one session after a first;
 - load: warm calls over 1, 2, 4, 8, 16 sessions, one call in flight each: calls/s, latency, and
   the CPU the gateway's process tree and this client used per second of the cell.
 
-    python -m bench.sandbox [--quick]
+    python -m bench.sandbox [--quick] [--pool N]
 
 Needs root and bubblewrap, like the service. Progress goes to stderr; the last line printed
 is one JSON object: the bare runtime's keys of earlier runs (``cold_*``, ``plain_*``,
-``warm_*``, ``calls_per_s``), then ``api_cold_p50_ms`` and ``api_warm_p50_ms``
-(run_python), ``api_calls_per_s`` (warm run_python, the best concurrency), the same for
+``warm_*``, ``calls_per_s``), then ``api_cold_p50_ms``, ``api_cold_burst_p50_ms`` and
+``api_warm_p50_ms`` (run_python), ``api_calls_per_s`` (warm run_python, the best concurrency), the same for
 run_shell (``api_shell_*``), the ratios of the API to the bare runtime
 (``*_ratio_vs_bare``, see ``ratios``), ``api_errors``, and every cell (``api_cells``,
 ``api_load``).
@@ -56,6 +58,7 @@ from sandbox.policy import ResourceClass
 from sandbox.protocol import Principal, SessionCreate, ToolCall
 from sandbox.runtime.bwrap import BwrapRuntime
 from sandbox.runtime.gvisor import RunscRuntime
+from sandbox.workspace import sweep
 
 WHO = Principal(tenant="bench", key="k")
 BARE = (
@@ -173,20 +176,23 @@ class ApiFigures:
         return int(sum(c["errors"] for c in cells))
 
 
-def _cell(label: str, ms: list[float], errors: int) -> Cell:
+def _cell(label: str, ms: list[float], errors: int, run_ms: list[float]) -> Cell:
+    """A cell's latencies; ``run_ms``: the runs' own durations (the rest is the service,
+    the gateway, recording and HTTP)."""
     if not ms:
         raise RuntimeError(f"every {label} call failed")
-    p50, p95 = statistics.median(ms), pct(ms, 0.95)
+    p50, p95, run = statistics.median(ms), pct(ms, 0.95), statistics.median(run_ms or [0.0])
     print(f"api  {label:28s} {len(ms):4d} calls p50 {p50:6.1f} ms p95 {p95:6.1f} ms"
-          f" errors {errors}", flush=True)  # fmt: skip
-    return {"p50_ms": round(p50, 2), "p95_ms": round(p95, 2), "errors": errors}
+          f" (the run itself p50 {run:5.1f} ms) errors {errors}", flush=True)  # fmt: skip
+    return {"p50_ms": round(p50, 2), "p95_ms": round(p95, 2), "run_p50_ms": round(run, 2),
+            "errors": errors}  # fmt: skip
 
 
 async def _load_cell(agent: api.Agent, tool: str, c: int, total: int) -> Cell:
     progress(f"API: {total} warm {tool} calls over {c} sessions, one in flight each")
-    before = agent.errors
+    before, runs = agent.errors, len(agent.run_ms)
     r = await api.load(agent, tool, c, total)
-    cell = _cell(f"{tool} load c={c}", r.latencies_ms, agent.errors - before)
+    cell = _cell(f"{tool} load c={c}", r.latencies_ms, agent.errors - before, agent.run_ms[runs:])
     print(f"     {'':28s} {r.calls_per_s:7.1f} calls/s; gateway tree {r.server_cpu_ms_per_call:5.1f}"
           f" CPU-ms/call, {r.server_cores:4.2f} cores; client {r.client_cores:4.2f} cores",
           flush=True)  # fmt: skip
@@ -198,33 +204,45 @@ async def _load_cell(agent: api.Agent, tool: str, c: int, total: int) -> Cell:
     }
 
 
+COLD_GAP_S = 0.3  # between an agent's new sessions: the pool refills in the meantime
+
+
 async def api_cells(agent: api.Agent, quick: bool) -> ApiFigures:
-    n, total = (10, 24) if quick else (150, 240)
+    n, n_cold, total = (10, 6, 24) if quick else (150, 60, 240)
     concurrencies = (1, 4) if quick else (1, 2, 4, 8, 16)
     figures = ApiFigures()
     for tool in api.TOOLS:
-        for kind, run, what in (
-            ("cold", api.cold, "a new session each"),
-            ("warm", api.warm, "one session"),
-        ):
-            progress(f"API: {n} {kind} {tool} calls ({what})")
-            before = agent.errors
-            ms = await run(agent, tool, n)
+        cells: list[tuple[str, int, Awaitable[list[float]], str]] = [
+            ("cold", n_cold, api.cold(agent, tool, n_cold, COLD_GAP_S),
+             f"a new session each, {COLD_GAP_S} s apart"),
+            ("cold_burst", n_cold, api.cold(agent, tool, n_cold),
+             "a new session each, back to back"),
+            ("warm", n, api.warm(agent, tool, n), "one session"),
+        ]  # fmt: skip
+        for kind, count, run, what in cells:
+            progress(f"API: {count} {kind} {tool} calls ({what})")
+            before, runs = agent.errors, len(agent.run_ms)
+            ms = await run
             label = f"{tool} {kind} ({what})"
-            figures.latency[f"{tool}/{kind}"] = _cell(label, ms, agent.errors - before)
+            figures.latency[f"{tool}/{kind}"] = _cell(
+                label, ms, agent.errors - before, agent.run_ms[runs:]
+            )
         figures.load[tool] = {c: await _load_cell(agent, tool, c, total) for c in concurrencies}
     return figures
 
 
-async def through_api(quick: bool) -> ApiFigures:
+async def through_api(quick: bool, pool: int | None = None) -> ApiFigures:
     with tempfile.TemporaryDirectory(prefix="gearshift-sbx-api-") as tmp:
         async with api.tool_upstream() as upstream:
             progress("API: starting gearshift serve (keys, recording to SQLite, sandbox)")
-            async with api.gateway(Path(tmp), upstream) as gw:
+            async with api.gateway(Path(tmp), upstream, pool=pool) as gw:
                 connector = aiohttp.TCPConnector(limit=64)
                 async with aiohttp.ClientSession(connector=connector) as http:
                     agent = api.Agent(http, gw)
                     figures = await api_cells(agent, quick)
+        left = sweep(Path(tmp) / "workspaces")  # the service unmounts them as it stops
+        if left:
+            progress(f"API: {left} workspaces were still mounted after the gateway stopped")
         if agent.errors:
             progress(f"API: {agent.errors} calls failed; the first:\n{agent.first_error}")
         figures.error_kinds = dict(agent.error_kinds)
@@ -242,6 +260,7 @@ def ratios(bare: dict[str, float], api_: ApiFigures) -> dict[str, float]:
         "api_warm_p50_ms": lat["run_python/warm"]["p50_ms"],
         "api_warm_p95_ms": lat["run_python/warm"]["p95_ms"],
         "api_calls_per_s": api_.best_calls_per_s("run_python"),
+        "api_cold_burst_p50_ms": lat["run_python/cold_burst"]["p50_ms"],
         "api_shell_cold_p50_ms": lat["run_shell/cold"]["p50_ms"],
         "api_shell_warm_p50_ms": lat["run_shell/warm"]["p50_ms"],
         "api_shell_calls_per_s": api_.best_calls_per_s("run_shell"),
@@ -257,9 +276,9 @@ def ratios(bare: dict[str, float], api_: ApiFigures) -> dict[str, float]:
     }
 
 
-async def main_async(quick: bool) -> dict[str, object]:
+async def main_async(quick: bool, pool: int | None = None) -> dict[str, object]:
     bare = await bare_runtime(quick)
-    figures = await through_api(quick)
+    figures = await through_api(quick, pool)
     return {
         **bare,
         **ratios(bare, figures),
@@ -276,8 +295,13 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--quick", action="store_true", help="fewer calls per cell (seconds)")
+    p.add_argument(
+        "--pool", type=int, default=None,
+        help="sandbox.pool for the gateway's sandbox (default: the configuration's default; "
+        "0: no spare warm sandboxes, to compare)",
+    )  # fmt: skip
     a = p.parse_args()
-    print(json.dumps(asyncio.run(main_async(a.quick))))
+    print(json.dumps(asyncio.run(main_async(a.quick, a.pool))))
 
 
 if __name__ == "__main__":

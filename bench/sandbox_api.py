@@ -87,11 +87,14 @@ async def tool_upstream() -> AsyncIterator[str]:
         server.close()
 
 
-def config_text(tmp: Path, port: int, upstream: str) -> str:
-    """bench.gateway_overhead's operator configuration, plus the grant and a private root."""
+def config_text(tmp: Path, port: int, upstream: str, pool: int | None = None) -> str:
+    """bench.gateway_overhead's operator configuration, plus the grant and a private root
+    (and ``sandbox.pool`` when ``pool`` is given; else the default)."""
     config = yaml.safe_load(gearshift_config(tmp, port, upstream, operator=True))
     grant = {"tools": list(TOOLS)}
     config["sandbox"] |= {"root": str(tmp / "workspaces"), "grants_by_tenant": {TENANT: grant}}
+    if pool is not None:
+        config["sandbox"]["pool"] = pool
     return yaml.safe_dump(config)
 
 
@@ -106,13 +109,15 @@ class Gateway:
 
 
 @contextlib.asynccontextmanager
-async def gateway(tmp: Path, upstream: str, timeout_s: float = 600) -> AsyncIterator[Gateway]:
+async def gateway(
+    tmp: Path, upstream: str, timeout_s: float = 600, pool: int | None = None
+) -> AsyncIterator[Gateway]:
     """``gearshift serve`` with the sandbox it starts, not pinned (the target is for two
     cores); stopped with SIGINT, as an operator would, so that it stops its sandbox."""
     os.chmod(tmp, 0o711)  # the sandbox's uid must traverse to the workspaces
     port = free_port()
     path = tmp / "gearshift.yaml"
-    path.write_text(config_text(tmp, port, upstream))
+    path.write_text(config_text(tmp, port, upstream, pool))
     gearshift = Path(sys.executable).with_name("gearshift")
     argv = [str(gearshift), "--log-level", "warning", "serve", "--config", str(path)]
     gw = Gateway(
@@ -157,6 +162,9 @@ class Agent:
         self.auth = {"authorization": f"Bearer {KEY}"}
         self.run = secrets.token_hex(4)  # session names unique to this run
         self.errors, self.first_error = 0, ""
+        # Of each successful call: the run's own duration, as the sandbox reports it (for a
+        # warm session, the resident interpreter's, from request to the child's end).
+        self.run_ms: list[float] = []
         self.error_kinds: collections.Counter[str] = collections.Counter()
 
     def session(self, label: str) -> str:
@@ -189,6 +197,7 @@ class Agent:
         ms = (time.perf_counter() - t) * 1000
         out = orjson.loads(raw) if raw.startswith(b"{") else {}
         if r.status == 200 and out.get("exit_status") == 0 and out.get("recorded"):
+            self.run_ms.append(float(out.get("duration_ms") or 0.0))
             return ms
         self.errors += 1
         self.error_kinds[_kind(tool, r.status, out)] += 1
@@ -257,12 +266,20 @@ def done(latencies: list[float | None]) -> list[float]:
     return [ms for ms in latencies if ms is not None]
 
 
-async def cold(agent: Agent, tool: str, n: int) -> list[float]:
-    """Each call the first of a new session (the sandbox creates its workspace; for
-    run_python it starts the session's resident interpreter)."""
-    sessions = [agent.session(f"cold-{tool}-{i}") for i in range(n)]
+async def cold(agent: Agent, tool: str, n: int, gap_s: float = 0.0) -> list[float]:
+    """Each call the first of a new session (the sandbox creates the session; it gets a
+    spare warm sandbox from the pool when one is ready, else its workspace is made and
+    its resident interpreter started on the call's path). ``gap_s`` between calls stands
+    for what comes before an agent's first tool call (at least one chat step): it lets
+    the pool refill. Without it, calls come back to back and outrun the refill."""
+    label = f"cold-{tool}-gap{gap_s:g}"
+    sessions = [agent.session(f"{label}-{i}") for i in range(n)]
     ids = await agent.prepare(sessions, tool, 1)
-    return done([await agent.call(s, tool, ids[s][0]) for s in sessions])
+    latencies = []
+    for s in sessions:
+        await asyncio.sleep(gap_s)
+        latencies.append(await agent.call(s, tool, ids[s][0]))
+    return done(latencies)
 
 
 async def warm(agent: Agent, tool: str, n: int) -> list[float]:

@@ -116,7 +116,11 @@ class SandboxClient:
         tool: str,
         arguments: dict[str, Any],
         approved: bool = False,
+        create_session: bool = False,
     ) -> ToolResult:
+        """Run a tool; ``create_session``: a session that does not exist yet is created
+        for ``tenant`` by this call (no 404 and second round trip)."""
         body = {"principal": {"tenant": tenant, "key": key}, "session_id": session_id,
-                "arguments": arguments, "approved": approved}  # fmt: skip
+                "arguments": arguments, "approved": approved,
+                "create_session": create_session}  # fmt: skip
         return ToolResult.model_validate(await self._request("POST", f"/v1/tools/{tool}", body))

@@ -141,8 +141,16 @@ class SandboxConfig(Section):
     workspace: WorkspaceQuota = WorkspaceQuota()
     warm: bool = Field(
         default=True,
-        description="keep one resident interpreter per session for run_python (about 4 ms a "
-        "call instead of about 35 ms); each call still runs in a fresh forked process",
+        description="keep one resident interpreter per session for run_python and run_shell "
+        "(a few ms a call instead of 30-90 ms); each call still runs in a fresh forked process",
+    )
+    pool: int = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description="spare warm sandboxes (workspace + resident interpreter, never used) kept "
+        "started per resource class of the grants that allow run_python or run_shell, handed "
+        "to new sessions (bwrap with warm only; 0: none)",
     )
     databases: dict[str, DatabaseConfig] = Field(default_factory=dict)
     faults_by_tenant: dict[str, FaultPlan] = Field(

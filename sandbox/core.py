@@ -18,6 +18,7 @@ If the isolation runtime is unavailable the service refuses to start.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -42,6 +43,7 @@ from sandbox.errors import (
 from sandbox.faults import FAULTS, Faults
 from sandbox.policy import Decision, Egress, ResourceClass
 from sandbox.policy import Principal as Who
+from sandbox.pool import Pool
 from sandbox.protocol import SessionCreate, ToolCall, ToolResult, scoped_id
 from sandbox.runtime import RUNTIMES
 from sandbox.runtime.base import ProcessResult, Runtime
@@ -54,6 +56,8 @@ from sandbox.toolschema import check_value
 from sandbox.workspace import Workspaces, sweep
 
 log = logging.getLogger("gearshift.sandbox")
+CLOSING_AT_ONCE = 32
+WARM_TOOLS = tuple(name for name, tool in TOOLS.items() if tool.warm)  # run_python, run_shell
 
 
 @dataclass
@@ -81,6 +85,9 @@ class Sandbox:
         self.sessions: dict[str, Session] = {}
         q = config.workspace
         self.workspaces = Workspaces(config.root, config.uid, config.gid, q.each(), q.tenant())
+        self.pool: Pool | None = None  # spare warm sandboxes, for bwrap's warm sessions
+        if isinstance(self.runtime, BwrapRuntime) and config.warm and config.pool > 0:
+            self.pool = Pool(self.workspaces, self.runtime, config.pool)
         # Workspaces a previous service left (it crashed, or was killed) are mounted still.
         try:
             stale = sweep(config.root)
@@ -94,19 +101,47 @@ class Sandbox:
 
     # -- sessions ------------------------------------------------------------
 
+    def start_pool(self) -> None:
+        """Start filling the pool of spare warm sandboxes (in a running event loop)."""
+        if self.pool is not None:
+            self.pool.start(self._shapes())
+
+    def _shapes(self) -> list[ResourceClass]:
+        """The resource classes of the grants a warm session can start under."""
+        grants = [*self.policy.by_key.values(), *self.policy.by_tenant.values()]
+        return [g.resources for g in grants if g.tools & set(WARM_TOOLS)]
+
+    def _shape(self, who: Who) -> ResourceClass | None:
+        """The resource class ``who``'s warm session would start its runner with."""
+        for tool in WARM_TOOLS:
+            d = self.policy.decide(who, TOOLS[tool].policy_request({}, True))
+            if d.allowed and d.resources is not None:
+                return d.resources
+        return None
+
     def create(self, body: SessionCreate) -> Session:
         sid = body.session_id or secrets.token_hex(16)
         if sid in self.sessions:
             raise SessionExists(f"session {sid!r} exists")
-        root = self.workspaces.create(scoped_id(body.principal.tenant, sid))
+        who = Who(body.principal.tenant, body.principal.key)
+        shape = self._shape(who) if self.pool is not None else None
+        spare = self.pool.take(shape) if self.pool is not None and shape is not None else None
+        root = spare.root if spare else self.workspaces.create(scoped_id(who.tenant, sid))
         s = Session(
             sid,
-            body.principal.tenant,
+            who.tenant,
             Workspace(root, self.config.uid, self.config.gid),
-            Faults(body.faults or self.config.faults_by_tenant.get(body.principal.tenant)),
+            Faults(body.faults or self.config.faults_by_tenant.get(who.tenant)),
+            warm=spare.warm if spare else None,
         )
         self.sessions[sid] = s
         return s
+
+    def _session_for(self, body: ToolCall) -> Session:
+        """The call's session; created for the caller's tenant when it asks for that."""
+        if body.create_session and body.session_id not in self.sessions:
+            return self.create(SessionCreate(principal=body.principal, session_id=body.session_id))
+        return self.get(body.session_id, body.principal.tenant)
 
     def get(self, sid: str, tenant: str) -> Session:
         s = self.sessions.get(sid)
@@ -122,6 +157,25 @@ class Sandbox:
                 await s.warm.stop()
             self.workspaces.remove(s.workspace.root)
 
+    async def close(self) -> None:
+        """Stop the pool and remove every session (service shutdown). Workspaces are
+        unmounted first, all at once (a runner still inside keeps its own view until it
+        stops): a service killed while it stops hundreds of runners leaves no mount on the
+        host; the runners die with it (bubblewrap's ``--die-with-parent``)."""
+        if self.pool is not None:
+            await self.pool.close()
+        sessions = list(self.sessions.values())
+        self.sessions.clear()
+        for s in sessions:
+            self.workspaces.remove(s.workspace.root)
+        gate = asyncio.Semaphore(CLOSING_AT_ONCE)
+
+        async def stop(warm: WarmPython) -> None:
+            async with gate:
+                await warm.stop()
+
+        await asyncio.gather(*(stop(s.warm) for s in sessions if s.warm is not None))
+
     async def expire(self) -> int:
         """Remove the sessions idle for ``session_ttl_s`` (none with a call in flight)."""
         cutoff = time.monotonic() - self.config.session_ttl_s
@@ -136,7 +190,7 @@ class Sandbox:
         tool = TOOLS.get(name)
         if tool is None:
             raise UnknownTool(f"no tool {name!r}; see GET /v1/tools")
-        session = self.get(body.session_id, body.principal.tenant)
+        session = self._session_for(body)
         problem = check_value(body.arguments, tool.parameters, name)
         if problem is not None:
             raise InvalidArguments(problem)
@@ -199,7 +253,7 @@ class Sandbox:
         payload = orjson.dumps(
             {
                 "tool": name,
-                "request": body.model_dump(),
+                "request": body.model_dump(exclude={"create_session"}),  # transport, not the call
                 "result": result.model_dump(exclude={"attestation"}),
             },
             option=orjson.OPT_SORT_KEYS,

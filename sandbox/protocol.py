@@ -111,6 +111,9 @@ class ToolCall(Model):
     session_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")
     arguments: dict[str, Any] = Field(default_factory=dict)
     approved: bool = False
+    # No such session yet: create it for the principal's tenant (as POST /v1/sessions
+    # would, without a fault plan of its own) instead of answering 404.
+    create_session: bool = False
 
 
 class ToolResult(Model):

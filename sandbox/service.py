@@ -183,12 +183,12 @@ def create_app(
                 await sandbox.expire()
 
         task = asyncio.create_task(reaper())
+        sandbox.start_pool()
         try:
             yield
         finally:
             task.cancel()
-            for sid in list(sandbox.sessions):
-                await sandbox.remove(sid)
+            await sandbox.close()
 
     app = Starlette(
         routes=[

@@ -12,7 +12,6 @@ first use, and the one place the sandbox client's errors become the gateway's.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 from gateway.errors import (
@@ -86,15 +85,11 @@ async def run_tool(
     arguments: dict[str, Any],
     approved: bool = False,
 ) -> ToolResult:
-    """Run ``tool`` in the workspace of ``tenant``'s ``session`` (one per trajectory)."""
+    """Run ``tool`` in the workspace of ``tenant``'s ``session`` (one per trajectory); the
+    sandbox creates the session on its first call, in the same round trip."""
     sandbox = _running(sandbox)
     sid = scoped_id(tenant, session)
     try:
-        try:
-            return await sandbox.call(tenant, key, sid, tool, arguments, approved)
-        except SessionNotFound:
-            with contextlib.suppress(SessionExists):  # a concurrent first call created it
-                await sandbox.create_session(tenant, key, session_id=sid)
-            return await sandbox.call(tenant, key, sid, tool, arguments, approved)
+        return await sandbox.call(tenant, key, sid, tool, arguments, approved, create_session=True)
     except SandboxError as exc:
         raise translate(exc) from None

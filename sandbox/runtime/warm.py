@@ -1,11 +1,13 @@
 """Warm sandboxes: one resident interpreter per session, inside the same isolation.
 
-The first ``run_python`` of a session starts ``warm_runner`` under bubblewrap + seccomp +
-rlimits in a cgroup of the session's own (memory, pids and CPU limits apply to the session);
-later calls send it code and it forks a fresh child per call (see ``warm_runner``), with the
-call's CPU limit, wall time and output cap; what a call leaves running is killed before the
-reply. A runner that dies or stops answering is killed with its cgroup and started again on
-the next call. Calls within a session run one at a time.
+The first ``run_python`` or ``run_shell`` of a session starts ``warm_runner`` (or a pool
+started it before the session existed: ``sandbox.pool``) under
+bubblewrap + seccomp + rlimits in a cgroup of the session's own (memory, pids and CPU
+limits apply to the session); each call sends it code (or a command to exec) and it forks
+a fresh child per call (see ``warm_runner``), with the call's CPU limit, wall time and
+output cap; what a call leaves running is killed before the reply. A runner that dies or
+stops answering is killed with its cgroup and started again on the next call. Calls within
+a session run one at a time.
 """
 
 from __future__ import annotations
@@ -51,24 +53,51 @@ class WarmPython:
                 cmd, pass_fds=[bpf.fileno()], stderr=asyncio.subprocess.DEVNULL
             )
 
-    async def run(self, code: str, stdin: bytes, limits: ResourceClass) -> ProcessResult:
+    async def prestart(self, timeout_s: float = 30.0) -> bool:
+        """Start the runner and wait until it answers (a pool's spare, before any call).
+        False (and nothing left running) when it did not come up."""
         async with self.lock:
-            if self.proc is None or self.proc.returncode is not None:
+            await self._start()
+            try:
+                async with asyncio.timeout(timeout_s):
+                    reply = await self._exchange(orjson.dumps({"ping": True}))
+                if reply.get("pong") is True:
+                    return True
+            except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+                pass
+            await self.stop()
+            return False
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def _exchange(self, body: bytes) -> dict[str, object]:
+        assert self.proc is not None and self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write(HEADER.pack(len(body)) + body)
+        await self.proc.stdin.drain()
+        (size,) = HEADER.unpack(await self.proc.stdout.readexactly(HEADER.size))
+        reply: dict[str, object] = orjson.loads(await self.proc.stdout.readexactly(size))
+        return reply
+
+    async def run(
+        self, code: str, stdin: bytes, limits: ResourceClass, argv: list[str] | None = None
+    ) -> ProcessResult:
+        """Run ``code`` (Python) in a fresh child of the runner, or exec ``argv`` there."""
+        async with self.lock:
+            if not self.running:
                 await self.stop()
                 await self._start()
             assert self.proc is not None and self.cg is not None
-            assert self.proc.stdin is not None and self.proc.stdout is not None
             oom_before = self.cg.oom_kills()
-            request = {"code": code, "stdin": stdin.decode("latin-1"), "cpu_s": limits.cpu_s,
-                       "wall_s": limits.wall_s, "output_bytes": limits.output_bytes}  # fmt: skip
-            body = orjson.dumps(request)
+            request = {"code": code, "argv": argv, "stdin": stdin.decode("latin-1"),
+                       "cpu_s": limits.cpu_s, "wall_s": limits.wall_s,
+                       "output_bytes": limits.output_bytes}  # fmt: skip
             started = time.perf_counter()
             try:
-                self.proc.stdin.write(HEADER.pack(len(body)) + body)
-                await self.proc.stdin.drain()
                 async with asyncio.timeout(limits.wall_s + 5):
-                    (size,) = HEADER.unpack(await self.proc.stdout.readexactly(HEADER.size))
-                    reply = orjson.loads(await self.proc.stdout.readexactly(size))
+                    reply = await self._exchange(orjson.dumps(request))
             except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
                 # The runner itself died (OOM, a call killed it) or hung: start over next time.
                 oom = self.cg.oom_kills() > oom_before

@@ -1,13 +1,18 @@
 """The resident interpreter of a warm sandbox. It runs INSIDE the sandbox (bubblewrap,
 seccomp, the session's cgroup), started once per session, and forks a child per call:
-the interpreter's start-up is paid once, and each call still gets a fresh process.
+the interpreter's start-up is paid once, and each call still gets a fresh process. The
+child is forked ahead of its call (after the previous call's leftovers were killed) and
+waits for its request, so a call does not wait for the fork either.
 
 Protocol on fds 0/1: 4-byte big-endian length + JSON, one request and one reply per call.
+A request runs ``code`` in the child, or execs ``argv`` (an absolute path first) there;
+``{"ping": true}`` is answered ``{"pong": true}`` without a child.
 The file is read by the service and passed as ``python3 -I -c SOURCE``: it imports only
 the standard library.
 """
 
 import contextlib
+import gc
 import json
 import os
 import resource
@@ -39,14 +44,57 @@ def _read_exact(fd: int, n: int) -> bytes:
     return data
 
 
-def _child(req: dict[str, Any], i_r: int, o_w: int, e_w: int) -> None:
+def _prefork() -> tuple[int, int, int, int, int]:
+    """Fork the next call's child now, off the call's path: a fresh copy of this runner
+    (which never runs tenant code, and whatever the last call left was swept before this),
+    waiting for its request. Returns (pid, its request pipe, stdin, stdout, stderr ends)."""
+    ctl_r, ctl_w = os.pipe()
+    i_r, i_w = os.pipe()
+    o_r, o_w = os.pipe()
+    e_r, e_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        for fd in (ctl_w, i_w, o_r, e_r):
+            os.close(fd)
+        _waiting_child(ctl_r, i_r, o_w, e_w)
+    for fd in (ctl_r, i_r, o_w, e_w):
+        os.close(fd)
+    return pid, ctl_w, i_w, o_r, e_r
+
+
+def _waiting_child(ctl_r: int, i_r: int, o_w: int, e_w: int) -> None:
     os.setsid()
     os.dup2(i_r, 0)
     os.dup2(o_w, 1)
     os.dup2(e_w, 2)
-    os.closerange(3, 65536)
+    os.dup2(ctl_r, 3)
+    os.closerange(4, 65536)
+    raw = b""
+    while chunk := os.read(3, 65536):
+        raw += chunk
+    os.close(3)
+    if not raw:  # the runner went away before a call came
+        os._exit(0)
+    _child(json.loads(raw))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _child(req: dict[str, Any]) -> None:
     cpu = max(1, int(req["cpu_s"]))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU first: says why
+    if req.get("argv"):  # a command (run_shell): exec'd in place of this fresh child
+        argv = [str(a) for a in req["argv"]]
+        try:
+            os.execve(argv[0], argv, dict(os.environ))
+        except OSError as exc:
+            print(f"{argv[0]}: {exc.strerror}", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(127)
     status = 0
     try:
         exec(compile(req["code"], "<tool>", "exec"), {"__name__": "__main__"})
@@ -81,8 +129,10 @@ def _collect(
         left = deadline - time.monotonic()
         if left <= 0 and status is None:
             limit = "wall_time"
-            os.killpg(pid, signal.SIGKILL)
-            _sweep()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            if pid in (reaped := _sweep()):  # the sweep may reap the child itself
+                status, usage = reaped[pid]
             deadline = time.monotonic() + 1.0
             continue
         ready, _, _ = select.select(open_fds, [], [], min(max(left, 0.0), 0.05))
@@ -104,38 +154,56 @@ def _collect(
     return bufs[o_r], bufs[e_r], truncated, limit, status, usage
 
 
-def _sweep() -> None:
-    """Kill whatever the call left behind (daemons), and reap it: we are their subreaper."""
+def _sweep() -> dict[int, tuple[int, Any]]:
+    """Kill whatever the call left behind (daemons), and reap it: we are their subreaper.
+    Returns the wait status and resource usage of each process reaped."""
     me = os.getpid()
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) not in (1, me):
             with contextlib.suppress(OSError):
                 os.kill(int(entry), signal.SIGKILL)
+    reaped = {}
     while True:
         try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                break
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             break
+        if pid == 0:
+            break
+        reaped[pid] = (status, usage)
+    return reaped
+
+
+def _inside_sandbox() -> bool:
+    """True only in the sandbox's own pid namespace (bubblewrap is its process 1) and as
+    an unprivileged uid: ``_sweep`` kills every process it can see, which on a host would
+    be every process there is."""
+    with contextlib.suppress(OSError):
+        with open("/proc/1/cmdline", "rb") as f:
+            init = f.read().split(b"\0")[0]
+        return os.getuid() != 0 and os.getpid() != 1 and init.endswith(b"bwrap")
+    return False
 
 
 def serve() -> None:
+    if not _inside_sandbox():
+        sys.exit("warm_runner: refusing to run outside the sandbox (it kills what it sees)")
     _no_peeking()
+    gc.freeze()  # what exists now is never collected: fewer pages copied in each child
+    pending = _prefork()
     while True:
         (size,) = struct.unpack(">I", _read_exact(0, 4))
         req = json.loads(_read_exact(0, size))
+        if req.get("ping"):  # the service asks whether the runner is up (a pool's spare)
+            body = json.dumps({"pong": True}).encode()
+            os.write(1, struct.pack(">I", len(body)) + body)
+            continue
         started = time.monotonic()
-        i_r, i_w = os.pipe()
-        o_r, o_w = os.pipe()
-        e_r, e_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(i_w)
-            os.close(o_r)
-            os.close(e_r)
-            _child(req, i_r, o_w, e_w)
-        for fd in (i_r, o_w, e_w):
-            os.close(fd)
+        pid, ctl_w, i_w, o_r, e_r = pending
+        with contextlib.suppress(OSError):  # a child that died (OOM) reports as such below
+            call = {k: req.get(k) for k in ("code", "argv", "cpu_s")}
+            _write_all(ctl_w, json.dumps(call).encode())
+        os.close(ctl_w)
         with contextlib.suppress(OSError):
             os.write(i_w, req["stdin"].encode("latin-1"))
         os.close(i_w)
@@ -157,6 +225,7 @@ def serve() -> None:
         }
         body = json.dumps(reply).encode()
         os.write(1, struct.pack(">I", len(body)) + body)
+        pending = _prefork()  # while the service handles the reply
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ class Tool:
     parameters: dict[str, Any]
     run: Impl
     asks: Asks  # what the policy decides on for a call (its path, host or database)
-    warm: bool = False  # runs in the session's resident interpreter when warm mode is on
+    warm: bool = False  # runs through the session's resident interpreter when warm is on
 
     def schema(self) -> dict[str, Any]:
         return {"type": "function", "function": {"name": self.name, "description": self.description,
@@ -93,6 +93,9 @@ async def run_python(ctx: Context, args: dict[str, Any]) -> ProcessResult:
 
 
 async def run_shell(ctx: Context, args: dict[str, Any]) -> ProcessResult:
+    if ctx.warm is not None:  # exec'd by a fresh child of the session's resident interpreter
+        argv = ["/bin/sh", "-c", str(args["command"])]
+        return await ctx.warm.run("", b"", ctx.limits, argv)
     return await ctx.runtime.run(["sh", "-c", str(args["command"])], ctx.workspace.root, ctx.limits)
 
 
@@ -136,7 +139,7 @@ TOOLS: dict[str, Tool] = {
         Tool("run_python", "Run a Python 3 program in the session's workspace (no network).",
              _obj({"code": {"type": "string"}}, ["code"]), run_python, tool_only, warm=True),
         Tool("run_shell", "Run a POSIX shell command in the session's workspace (no network).",
-             _obj({"command": {"type": "string"}}, ["command"]), run_shell, tool_only),
+             _obj({"command": {"type": "string"}}, ["command"]), run_shell, tool_only, warm=True),
         Tool("read_file", "Read a text file of the workspace.",
              _obj({"path": {"type": "string"}}, ["path"]), read_file, workspace_path),
         Tool("write_file", "Write (or append to) a file of the workspace.",

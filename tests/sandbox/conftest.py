@@ -64,5 +64,4 @@ async def sbx(request: pytest.FixtureRequest, config: SandboxConfig) -> AsyncIte
     }
     sandbox = Sandbox(config.model_copy(update=update))
     yield Harness(sandbox, request.param)
-    for sid in list(sandbox.sessions):
-        await sandbox.remove(sid)
+    await sandbox.close()

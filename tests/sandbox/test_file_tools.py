@@ -20,7 +20,6 @@ import pytest
 from sandbox.config import GrantConfig, Resources, SandboxConfig
 from sandbox.core import Sandbox
 from sandbox.errors import ToolTimeout
-from sandbox.protocol import scoped_id
 from sandbox.service import create_app
 from sandbox.tools.files import off_loop
 from tests.sandbox.conftest import EVERYTHING, Harness
@@ -177,11 +176,12 @@ async def test_one_tenants_stalled_calls_never_delay_another_tenant(config: Sand
     slow = GrantConfig(**(EVERYTHING.model_dump() | {"resources": Resources(wall_s=60)}))
     config = config.model_copy(update={"grants_by_tenant": {"acme": slow, "beta": EVERYTHING}})
     auth = {"authorization": "Bearer test-token"}
-    with serve_in_thread(create_app(config)) as url:
+    app = create_app(config)
+    with serve_in_thread(app) as url:
         async with httpx.AsyncClient(base_url=url, headers=auth, timeout=WATCHDOG_S) as http:
             acme, beta = await Tenant(http, "acme").start(), await Tenant(http, "beta").start()
             assert (await acme("run_shell", command="mkfifo stall trap"))["exit_status"] == 0
-            ws = config.root / scoped_id("acme", "acme")
+            ws = app.state.sandbox.sessions["acme"].workspace.root  # a spare's, or its own
             with unblocking(ws / "trap") as fired, unblocking(ws / "stall", 3 * WATCHDOG_S):
                 # acme: a run that waits on a FIFO (until released below), and a FIFO read
                 stalled = asyncio.create_task(acme("run_shell", command="cat stall"))

@@ -1,5 +1,5 @@
 """Hosted tools: the sandbox client's errors as the gateway's, and the session of a
-trajectory created on first use (also when two first calls race)."""
+trajectory created by its first call, in one round trip (also when two first calls race)."""
 
 from __future__ import annotations
 
@@ -59,45 +59,31 @@ def result(tool: str) -> ToolResult:
 
 
 class Sandbox:
-    """The client's interface over an in-memory table of sessions. ``race``: calls on an
-    unknown session wait until two have missed it, so both go on to create it."""
+    """The client's interface over an in-memory table of sessions, creating one when a call
+    asks for that (as ``sandbox.core`` does)."""
 
-    def __init__(self, sessions: set[str] | None = None, race: bool = False) -> None:
+    def __init__(self, sessions: set[str] | None = None) -> None:
         self.sessions = set(sessions or ())
         self.log: list[tuple[str, str]] = []
-        self.race = race
-        self.missed = 0
-        self.both_missed = asyncio.Event()
         self.fail_call: sbx.SandboxError | None = None
-        self.fail_create: sbx.SandboxError | None = None
 
     async def tools(self) -> list[dict[str, Any]]:
         if self.fail_call is not None:
             raise self.fail_call
         return [{"type": "function", "function": {"name": "run_python"}}]
 
-    async def call(self, tenant, key, session_id, tool, arguments, approved=False) -> ToolResult:
+    async def call(
+        self, tenant, key, session_id, tool, arguments, approved=False, create_session=False
+    ) -> ToolResult:
         self.log.append(("call", session_id))
+        await asyncio.sleep(0)
         if self.fail_call is not None:
             raise self.fail_call
         if session_id not in self.sessions:
-            self.missed += 1
-            if self.race:
-                if self.missed == 2:
-                    self.both_missed.set()
-                await asyncio.wait_for(self.both_missed.wait(), 2)
-            raise sbx.SessionNotFound("no such session", status=404)
+            if not create_session:
+                raise sbx.SessionNotFound("no such session", status=404)
+            self.sessions.add(session_id)
         return result(tool)
-
-    async def create_session(self, tenant, key, session_id=None, faults=None) -> str:
-        self.log.append(("create", session_id))
-        await asyncio.sleep(0)
-        if self.fail_create is not None:
-            raise self.fail_create
-        if session_id in self.sessions:
-            raise sbx.SessionExists("taken", status=409)
-        self.sessions.add(session_id)
-        return session_id
 
 
 SID = scoped_id("acme", "agent-1")
@@ -120,29 +106,19 @@ async def test_a_call_in_an_existing_session_goes_straight_through():
     assert sandbox.log == [("call", SID)]
 
 
-async def test_the_first_call_of_a_trajectory_creates_its_session_under_the_tenants_id():
+async def test_the_first_call_of_a_trajectory_creates_its_session_in_one_round_trip():
     sandbox = Sandbox()
     assert (await run(sandbox)).tool == "run_python"
-    assert sandbox.log == [("call", SID), ("create", SID), ("call", SID)]
+    assert sandbox.log == [("call", SID)]
     assert sandbox.sessions == {SID}
 
 
 async def test_two_racing_first_calls_both_succeed_with_one_session():
-    sandbox = Sandbox(race=True)
+    sandbox = Sandbox()
     first, second = await asyncio.gather(run(sandbox), run(sandbox))
     assert first.allowed and second.allowed
     assert sandbox.sessions == {SID}
-    assert [entry for entry in sandbox.log if entry[0] == "create"] == [("create", SID)] * 2
-    assert sandbox.log.count(("call", SID)) == 4  # each: missed, then ran
-
-
-async def test_a_failure_to_create_the_session_is_translated():
-    sandbox = Sandbox()
-    sandbox.fail_create = sbx.Unauthorized("bad token", status=401)
-    with pytest.raises(UpstreamError) as err:
-        await run(sandbox)
-    assert type(err.value) is UpstreamError and err.value.message == "tool sandbox: bad token"
-    assert err.value.__cause__ is None and err.value.__suppress_context__
+    assert sandbox.log == [("call", SID)] * 2
 
 
 async def test_a_failed_call_is_translated_without_the_sandboxs_traceback():
@@ -166,13 +142,6 @@ def sandbox_service() -> Starlette:
         body = orjson.dumps({"error": {"code": code, "message": message}})
         return Response(body, status, media_type="application/json")
 
-    async def create(request: Request) -> Response:
-        sid = orjson.loads(await request.body())["session_id"]
-        if sid in sessions:
-            return error(409, "conflict", "taken")
-        sessions.add(sid)
-        return Response(orjson.dumps({"session_id": sid}), media_type="application/json")
-
     async def call(request: Request) -> Response:
         tool = request.path_params["tool"]
         body = orjson.loads(await request.body())
@@ -181,14 +150,15 @@ def sandbox_service() -> Starlette:
         if tool != "run_python":
             return error(404, "unknown_tool", f"no tool named {tool}")
         if body["session_id"] not in sessions:
-            return error(404, "not_found", "no such session")
+            if not body.get("create_session"):
+                return error(404, "not_found", "no such session")
+            sessions.add(body["session_id"])
         if "code" not in body["arguments"]:
             return error(400, "invalid_arguments", "arguments lacks the required 'code'")
         return Response(result(tool).model_dump_json(), media_type="application/json")
 
     return Starlette(
         routes=[
-            Route("/v1/sessions", create, methods=["POST"]),
             Route("/v1/tools/{tool}", call, methods=["POST"]),
         ]
     )
@@ -200,7 +170,7 @@ def service_url() -> Iterator[str]:
         yield url
 
 
-async def test_the_real_client_creates_the_session_on_first_use(service_url):
+async def test_the_real_client_creates_the_session_with_its_first_call(service_url):
     client = SandboxClient(service_url, "token")
     try:
         first = await run_tool(client, "acme", "key-1", "fresh", "run_python", {"code": "1"})

@@ -33,8 +33,8 @@ def test_each_tool_asks_the_policy_about_its_target(
     assert TOOLS[tool].policy_request(arguments, True) == expected
 
 
-def test_only_run_python_uses_the_resident_interpreter():
-    assert {name for name, t in TOOLS.items() if t.warm} == {"run_python"}
+def test_only_the_process_tools_use_the_resident_interpreter():
+    assert {name for name, t in TOOLS.items() if t.warm} == {"run_python", "run_shell"}
 
 
 def test_every_schema_forbids_unknown_arguments():
