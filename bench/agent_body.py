@@ -6,6 +6,10 @@ search hits as JSON, test and shell output). Generated from a seed, so every pro
 benchmark run gets the same bytes:
 
     python -m bench.agent_body [--seed 0] > agent.json
+
+``session_bodies`` gives the whole session the body ends: the 15 requests the agent sent,
+from the first (system prompt and task) to this one, each the previous one's messages
+plus a tool call and its result (``bench.loadgen --sessions`` sends them so).
 """
 
 from __future__ import annotations
@@ -176,13 +180,21 @@ def _result(name: str, rng: random.Random) -> str:
 
 def agent_body(seed: int = 0) -> dict[str, Any]:
     """The request (without ``model`` and ``stream``): deterministic for a seed."""
+    return session_bodies(seed)[-1]
+
+
+def session_bodies(seed: int = 0, results: int = RESULTS) -> list[dict[str, Any]]:
+    """A whole agent session as the agent sends it, step by step: the first request holds
+    the system prompt and the task, each next one the previous messages plus one assistant
+    tool call and its result (``results + 1`` requests, the last one ``agent_body``)."""
     rng = random.Random(seed)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": "The nightly archive job fails with 'too many orders' "
          "since the last release. Find the cause, fix it, and make sure the tests pass."},
     ]  # fmt: skip
-    for i in range(RESULTS):
+    bodies = [_request(messages)]
+    for i in range(results):
         name = rng.choice(sorted(KINDS))
         call = {
             "id": f"call_{seed}_{i:02d}",
@@ -191,7 +203,12 @@ def agent_body(seed: int = 0) -> dict[str, Any]:
         }
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         messages.append({"role": "tool", "tool_call_id": call["id"], "content": _result(name, rng)})
-    return {"messages": messages, "tools": TOOLS, "max_tokens": 32, "temperature": 0}
+        bodies.append(_request(messages))
+    return bodies
+
+
+def _request(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"messages": list(messages), "tools": TOOLS, "max_tokens": 32, "temperature": 0}
 
 
 def main() -> None:

@@ -1,12 +1,15 @@
 """Gateway overhead: Gearshift vs LiteLLM vs the bare upstream, in one run.
 
 A fast mock upstream (bench.mock_upstream) answers every proxy. Each proxy runs
-alone on core 0; the mock and the load generator share core 1. Two request bodies:
-``chat`` (two short messages) and ``agent`` (bench.agent_body: 30 messages of a tool
-loop, 8 tools, about 39 KB). Proxies (bench.proxies): Gearshift in its light
+alone on core 0; the mock and the load generator share core 1. Three kinds of request:
+``chat`` (two short messages), ``agent`` (bench.agent_body: 30 messages of a tool loop,
+8 tools, about 39 KB, every request its own one-step session) and ``session`` (agents'
+sessions as agents send them: each request the session's previous messages plus a tool
+call and its 1.4-2 KB result, 2 to 30 messages, under the session's X-Session-Id; see
+bench.loadgen --sessions). Proxies (bench.proxies): Gearshift in its light
 configuration (``gearshift``: keys and router, recording and sandbox off; chat body),
 Gearshift as an operator runs it (``gearshift_op``: keys, router, recording to SQLite,
-sandbox enabled; both bodies) and LiteLLM (both bodies). For non-stream requests and
+sandbox enabled; every kind) and LiteLLM (every kind). For non-stream requests and
 20-chunk streams, at concurrency 1, 16 and 64, it measures: CPU-ms per request of the
 proxy's process tree, p50/p99/max latency, and requests/s. Added latency is the proxy's
 figure minus the bare upstream's for the same body at concurrency 1; saturated
@@ -16,7 +19,14 @@ recording gateway is given the time its writer needs to commit every step (its r
 counts on /metrics): that CPU counts for the cell, and the requests/s it sustains include
 that time (``sustained_rps``).
 
-    python -m bench.gateway_overhead [--quick] [--no-litellm] [--plot FILE]
+    python -m bench.gateway_overhead [--quick] [--no-litellm] [--bodies chat,agent,session]
+        [--probe FILE] [--writer-nice N] [--plot FILE]
+
+``--probe FILE`` runs ``gearshift_op`` under bench.stall_probe (its events into FILE) and
+prints, for each of its concurrency-1 cells, the slowest requests with what the probe saw
+during each; the probe's own CPU makes that run's CPU figures unfit for comparison.
+``--writer-nice N`` lowers the priority of ``gearshift_op``'s child processes (the
+recorder's writer, which shares the gateway's core here) once it has started.
 
 The last line printed is one JSON object.
 """
@@ -26,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -34,6 +45,7 @@ from typing import Any
 
 import orjson
 
+from bench import stall_probe
 from bench.agent_body import agent_body
 from bench.procs import pinned, start, stop, tree_cpu_seconds, wait_http
 from bench.proxies import (
@@ -52,10 +64,11 @@ __all__ = ["CLIENT_CORE", "GEARSHIFT_CORE", "Target", "free_port", "loadgen"]
 
 CONCURRENCY = (1, 16, 64)
 MODES = ("plain", "stream")
-BODIES = ("chat", "agent")
+BODIES = ("chat", "agent", "session")
+SUFFIX = {"chat": "recording", "agent": "agent_body", "session": "agent_session"}
 PLAN = {"upstream": BODIES, "gearshift": ("chat",), "gearshift_op": BODIES, "litellm": BODIES}
 TARGETS = {"cpu_ratio_vs_litellm": 0.1, "added_p99_ms": 2.0, "max_stall_ms": 20.0}
-Cells = dict[str, dict[str, dict[str, dict[int, dict[str, float]]]]]  # name, body, mode, c
+Cells = dict[str, dict[str, dict[str, dict[int, dict[str, Any]]]]]  # name, body, mode, c
 
 
 def loadgen(
@@ -64,17 +77,17 @@ def loadgen(
     concurrency: int,
     requests: int,
     max_s: float,
-    body: Path | None = None,
-) -> dict[str, float]:
+    load: list[str] | tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """One cell; ``load``: bench.loadgen's arguments for what to send (``--body FILE``,
+    ``--sessions``; none: the chat body)."""
     argv = [sys.executable, "-m", "bench.loadgen", target.url, "--model", target.model,
             "--mode", mode, "--concurrency", str(concurrency), "--requests", str(requests),
-            "--max-seconds", str(max_s), "--key", target.key]  # fmt: skip
-    if body is not None:
-        argv += ["--body", str(body)]
+            "--max-seconds", str(max_s), "--key", target.key, *load]  # fmt: skip
     recorded = recorder_done(target.metrics) if target.metrics else 0.0
     cpu0 = tree_cpu_seconds(target.proc.pid) if target.proc else 0.0
     out = subprocess.run(pinned(argv, CLIENT_CORE), capture_output=True, text=True, check=True)
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     drained = drain(target, recorded + result["completed"])  # a step per answer
     cpu1 = tree_cpu_seconds(target.proc.pid) if target.proc else 0.0
     result["drain_s"] = drained if target.metrics else 0.0
@@ -91,16 +104,16 @@ def cell_size(mode: str, concurrency: int, quick: bool) -> tuple[int, float]:
     """Requests and time limit of one cell. Concurrency 1 runs long enough to meet what
     recurs every few hundred requests (store commits, the token estimate's refit)."""
     if concurrency > 1:
-        return (160, 10) if quick else (2000, 30)
+        return (64, 10) if quick else (2000, 30)
     if quick:
         return (40, 10) if mode == "plain" else (20, 10)
     return (1000, 30) if mode == "plain" else (400, 30)
 
 
-def measure(targets: list[Target], bodies: dict[str, Path | None], quick: bool) -> Cells:
+def measure(targets: list[Target], bodies: dict[str, list[str]], quick: bool) -> Cells:
     cells: Cells = {}
     for target in targets:
-        for name in PLAN[target.name]:
+        for name in (b for b in PLAN[target.name] if b in bodies):
             body = bodies[name]
             # warm-up: connections, caches, lazy imports
             loadgen(target, "plain", 8, 24 if quick else 100, 30, body)
@@ -154,11 +167,13 @@ def light_summary(cells: Cells, mode: str) -> dict[str, float | None]:
 
 def operator_summary(cells: Cells, mode: str) -> dict[str, float | None]:
     """Gearshift as operators run it (recording on): ``_recording`` is the chat body,
-    ``_agent_body`` the agent body; ratios against LiteLLM on the same body."""
+    ``_agent_body`` the agent body, ``_agent_session`` growing sessions; ratios against
+    LiteLLM on the same requests."""
     p, sat = ("" if mode == "plain" else "stream_"), max(CONCURRENCY)
     out: dict[str, float | None] = {}
     stalls = []
-    for body, suffix in (("chat", "recording"), ("agent", "agent_body")):
+    for body in (b for b in BODIES if b in cells.get("gearshift_op", {})):
+        suffix = SUFFIX[body]
         up, op = cells["upstream"][body][mode], cells["gearshift_op"][body][mode]
         out |= {
             f"{p}cpu_ms_per_req_{suffix}": _r(op[sat]["cpu_ms_per_req"]),
@@ -175,14 +190,17 @@ def operator_summary(cells: Cells, mode: str) -> dict[str, float | None]:
             out[f"{p}litellm_added_p50_ms_{suffix}"] = _r(ll[1]["p50_ms"] - up[1]["p50_ms"])
             ratio = op[sat]["cpu_ms_per_req"] / ll[sat]["cpu_ms_per_req"]
             out[f"{p}cpu_ratio_vs_litellm_{suffix}"] = _r(ratio, 4)
-    out[f"{p}max_stall_ms"] = _r(max(stalls))
+    if stalls:
+        out[f"{p}max_stall_ms"] = _r(max(stalls))
     return out
 
 
 def summarize(cells: Cells, sandbox: str) -> dict[str, object]:
     summary: dict[str, object] = {}
     for mode in MODES:
-        summary |= light_summary(cells, mode) | operator_summary(cells, mode)
+        if "gearshift" in cells:
+            summary |= light_summary(cells, mode)
+        summary |= operator_summary(cells, mode)
     summary["cpu_ms_per_req_by_concurrency"] = {
         name if body == "chat" else f"{name}/{body}": {
             mode: {c: _r(r["cpu_ms_per_req"]) for c, r in by_c.items()}
@@ -241,28 +259,41 @@ def plot(cells: Cells, path: Path) -> None:
     print(f"plot written to {path}")
 
 
-def start_targets(tmp: Path, mock_url: str, with_litellm: bool) -> list[Target]:
+def start_targets(
+    tmp: Path, mock_url: str, with_litellm: bool, light: bool, probe: Path | None
+) -> list[Target]:
     targets = [Target("upstream", mock_url + "/v1/chat/completions", "mock", None)]
-    targets.append(start_gearshift(tmp, mock_url, "gearshift", operator=False))
-    targets.append(start_gearshift(tmp, mock_url, "gearshift_op", operator=True))
+    if light:
+        targets.append(start_gearshift(tmp, mock_url, "gearshift", operator=False))
+    targets.append(start_gearshift(tmp, mock_url, "gearshift_op", operator=True, probe=probe))
     if with_litellm:
         targets.append(start_litellm(tmp, mock_url))
     return targets
 
 
-def run(tmp: Path, with_litellm: bool, quick: bool) -> tuple[Cells, str]:
+def run(
+    tmp: Path, with_litellm: bool, quick: bool, bodies: tuple[str, ...] = BODIES,
+    probe: Path | None = None, writer_nice: int = 0,
+) -> tuple[Cells, str]:  # fmt: skip
     agent = tmp / "agent.json"
     agent.write_bytes(orjson.dumps(agent_body()))
+    load = {"chat": [], "agent": ["--body", str(agent)], "session": ["--sessions"]}
     mock_port, mock_log = free_port(), tmp / "mock.log"
     argv = [sys.executable, "-m", "bench.mock_upstream", "--port", str(mock_port)]
     mock = start(pinned(argv, CLIENT_CORE), mock_log)
     targets: list[Target] = []
     try:
         wait_http(f"http://127.0.0.1:{mock_port}/health", mock, mock_log)
-        targets = start_targets(tmp, f"http://127.0.0.1:{mock_port}", with_litellm)
-        sandbox = sandbox_state(targets[2])
+        mock_url = f"http://127.0.0.1:{mock_port}"
+        targets = start_targets(tmp, mock_url, with_litellm, "chat" in bodies, probe)
+        op = next(t for t in targets if t.name == "gearshift_op")
+        sandbox = sandbox_state(op)
         print(f"gearshift_op: sandbox {sandbox}", flush=True)
-        return measure(targets, {"chat": None, "agent": agent}, quick), sandbox
+        if writer_nice and op.proc is not None:
+            for child in stall_probe.children(op.proc.pid):  # its writer and sandbox
+                os.setpriority(os.PRIO_PROCESS, child, writer_nice)
+            print(f"gearshift_op: its child processes at nice {writer_nice}", flush=True)
+        return measure(targets, {b: load[b] for b in bodies}, quick), sandbox
     finally:
         for t in targets:
             if t.proc is not None:
@@ -279,14 +310,28 @@ def main() -> None:
         "--no-litellm", action="store_true", help="skip LiteLLM (no comparison ratios)"
     )
     parser.add_argument(
+        "--bodies", default=",".join(BODIES), help="which requests to send (default: all)"
+    )
+    parser.add_argument("--probe", type=Path, help="probe gearshift_op's stalls into this file")
+    parser.add_argument(
+        "--writer-nice", type=int, default=0,
+        help="run gearshift_op's child processes (its recorder's writer) at this niceness",
+    )  # fmt: skip
+    parser.add_argument(
         "--plot", type=Path, help="also draw the results into this PNG (needs matplotlib)"
     )
     args = parser.parse_args()
+    bodies = tuple(b for b in BODIES if b in args.bodies.split(","))
     with tempfile.TemporaryDirectory(prefix="gearshift-bench-") as tmpdir:
-        cells, sandbox = run(Path(tmpdir), not args.no_litellm, args.quick)
+        cells, sandbox = run(
+            Path(tmpdir), not args.no_litellm, args.quick, bodies, args.probe, args.writer_nice
+        )
     if args.plot:
         plot(cells, args.plot)
-    print(json.dumps(summarize(cells, sandbox)))
+    summary = summarize(cells, sandbox)
+    if args.probe:
+        summary["probe"] = stall_probe.report(args.probe, cells["gearshift_op"])
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

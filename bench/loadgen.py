@@ -1,24 +1,35 @@
 """Closed-loop load generator: C workers send N chat requests, stream or not.
 
     python -m bench.loadgen URL --mode stream|plain --concurrency C --requests N
-        [--max-seconds S] [--body FILE]
+        [--max-seconds S] [--body FILE | --sessions]
 
 Prints one JSON object: completed, errors, seconds, rps, p50_ms, p99_ms, max_ms (the
-slowest single request). Latency is to the last byte (for streams, through [DONE]). The
-request is two short messages, or the JSON object in ``--body FILE`` (``model`` and
-``stream`` are set on it).
+slowest single request) and ``slowest``: the five slowest requests as [ms, wall-clock
+start, messages in the request]. Latency is to the last byte (for streams, through
+[DONE]). The request is two short messages, or the JSON object in ``--body FILE``
+(``model`` and ``stream`` are set on it). With ``--sessions`` each worker acts as an agent:
+it sends one session's requests in order (``bench.agent_body.session_bodies``: 2 messages,
+then each step the previous ones plus a tool call and its result, up to 30) under an
+``X-Session-Id`` of its own, then starts the next session.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
+import itertools
+import secrets
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
+
+SESSION_SEEDS = 16  # distinct histories; later sessions repeat them under new ids
+Request = tuple[bytes, dict[str, str]]
 
 
 def body(model: str, stream: bool, template: dict[str, Any] | None = None) -> bytes:
@@ -41,6 +52,34 @@ def body(model: str, stream: bool, template: dict[str, Any] | None = None) -> by
     )
 
 
+def agent_sessions(model: str, stream: bool) -> Iterator[list[bytes]]:
+    """Endless sessions, each its request bodies in order."""
+    from bench.agent_body import session_bodies
+
+    seeds = range(SESSION_SEEDS)
+    bodies = [[body(model, stream, b) for b in session_bodies(seed)] for seed in seeds]
+    for n in itertools.count():
+        yield bodies[n % SESSION_SEEDS]
+
+
+def requests(
+    model: str,
+    stream: bool,
+    headers: dict[str, str],
+    template: dict[str, Any] | None,
+    sessions: bool,
+) -> Iterator[Iterator[Request]]:
+    """What each worker sends: an endless run of requests (sessions: one session's steps)."""
+    if not sessions:
+        payload = body(model, stream, template)
+        while True:
+            yield itertools.repeat((payload, headers))
+    tag = secrets.token_hex(4)  # session ids unique to this run
+    for n, steps in enumerate(agent_sessions(model, stream)):
+        named = headers | {"x-session-id": f"bench-{tag}-{n}"}
+        yield ((data, named) for data in steps)
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -57,10 +96,12 @@ async def run(
     max_s: float,
     key: str,
     template: dict[str, Any] | None = None,
-) -> dict[str, float]:
-    payload = body(model, stream, template)
+    sessions: bool = False,
+) -> dict[str, Any]:
     headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
+    source = requests(model, stream, headers, template, sessions)
     latencies: list[float] = []
+    slowest: list[tuple[float, float, int]] = []  # a min-heap of the five slowest
     errors = 0
     remaining = total
     deadline = time.monotonic() + max_s
@@ -69,23 +110,34 @@ async def run(
         connector=connector, timeout=aiohttp.ClientTimeout(total=60)
     ) as session:
 
+        async def send(data: bytes, sent_headers: dict[str, str]) -> None:
+            nonlocal errors
+            wall, started = time.time(), time.perf_counter()
+            try:
+                async with session.post(url, data=data, headers=sent_headers) as resp:
+                    answer = await resp.read()
+                    ok = resp.status == 200 and (not stream or answer.rstrip().endswith(b"[DONE]"))
+            except (aiohttp.ClientError, TimeoutError):
+                ok = False
+            if not ok:
+                errors += 1
+                return
+            latency = time.perf_counter() - started
+            latencies.append(latency)
+            entry = (latency, wall, data.count(b'"role"'))
+            if len(slowest) < 5:
+                heapq.heappush(slowest, entry)
+            else:
+                heapq.heappushpop(slowest, entry)
+
         async def worker() -> None:
-            nonlocal remaining, errors
+            nonlocal remaining
             while remaining > 0 and time.monotonic() < deadline:
-                remaining -= 1
-                started = time.perf_counter()
-                try:
-                    async with session.post(url, data=payload, headers=headers) as resp:
-                        data = await resp.read()
-                        ok = resp.status == 200 and (
-                            not stream or data.rstrip().endswith(b"[DONE]")
-                        )
-                except (aiohttp.ClientError, TimeoutError):
-                    ok = False
-                if ok:
-                    latencies.append(time.perf_counter() - started)
-                else:
-                    errors += 1
+                for data, sent_headers in next(source):
+                    if remaining <= 0 or time.monotonic() >= deadline:
+                        return
+                    remaining -= 1
+                    await send(data, sent_headers)
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -98,6 +150,7 @@ async def run(
         "p50_ms": percentile(latencies, 0.5) * 1000,
         "p99_ms": percentile(latencies, 0.99) * 1000,
         "max_ms": max(latencies, default=float("nan")) * 1000,
+        "slowest": [[round(s * 1000, 2), round(w, 3), n] for s, w, n in sorted(slowest)[::-1]],
     }
 
 
@@ -111,6 +164,7 @@ def main() -> None:
     p.add_argument("--max-seconds", type=float, default=30)
     p.add_argument("--key", default="unused")
     p.add_argument("--body", type=Path, help="a JSON request to send instead of the default")
+    p.add_argument("--sessions", action="store_true", help="send growing agent sessions")
     a = p.parse_args()
     template = orjson.loads(a.body.read_bytes()) if a.body else None
     try:
@@ -129,6 +183,7 @@ def main() -> None:
             a.max_seconds,
             a.key,
             template,
+            a.sessions,
         )
     )
     print(orjson.dumps(result).decode())

@@ -24,7 +24,11 @@ from pathlib import Path
 from bench.procs import pinned, start, wait_http
 
 LITELLM_VERSION = "1.108.7"
-GEARSHIFT_CORE, CLIENT_CORE = 0, 1
+# The proxy's core and the mock's and load generator's; GEARSHIFT_BENCH_CORES=0,0 keeps a
+# run off core 1 (while something else measures there)
+GEARSHIFT_CORE, CLIENT_CORE = (
+    int(c) for c in os.environ.get("GEARSHIFT_BENCH_CORES", "0,1").split(",")
+)
 KEY = "sk-bench-" + secrets.token_hex(16)
 HOME = Path(os.environ.get("GEARSHIFT_HOME", Path.home() / ".cache" / "gearshift"))
 SANDBOX_DOWN = ("tool sandbox not started", "tool sandbox did not start")
@@ -82,13 +86,18 @@ def gearshift_config(tmp: Path, port: int, mock_url: str, operator: bool) -> str
     return config + "store: {enabled: false}\nsandbox: {enabled: false}\n"
 
 
-def start_gearshift(tmp: Path, mock_url: str, name: str, operator: bool) -> Target:
+def start_gearshift(
+    tmp: Path, mock_url: str, name: str, operator: bool, probe: Path | None = None
+) -> Target:
+    """``probe``: run it under bench.stall_probe, its events appended to this file."""
     port = free_port()
     config = tmp / f"{name}.yaml"
     config.write_text(gearshift_config(tmp, port, mock_url, operator))
-    gearshift = Path(sys.executable).with_name("gearshift")
+    gearshift = [str(Path(sys.executable).with_name("gearshift"))]
+    if probe is not None:
+        gearshift = [sys.executable, "-m", "bench.stall_probe", str(probe), "--"]
     log = tmp / f"{name}.log"
-    argv = [str(gearshift), "--log-level", "warning", "serve", "--config", str(config)]
+    argv = [*gearshift, "--log-level", "warning", "serve", "--config", str(config)]
     proc = start(pinned(argv, GEARSHIFT_CORE), log)
     wait_http(f"http://127.0.0.1:{port}/ready", proc, log, timeout_s=600)  # a busy machine
     base = f"http://127.0.0.1:{port}"

@@ -1,13 +1,18 @@
-"""bench.gateway_overhead's parts: the agent-sized body, the mock's ``/tokenize``, and the
-summary's arithmetic (the run itself: ``python -m bench.gateway_overhead``, in
+"""bench.gateway_overhead's parts: the agent-sized body and its growing sessions, the mock's
+``/tokenize``, the load generator's sessions, the summary's arithmetic and the stall
+probe's report (the run itself: ``python -m bench.gateway_overhead``, in
 test_quick.py and docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import itertools
+
 import orjson
 
-from bench.agent_body import agent_body
+from bench import stall_probe
+from bench.agent_body import agent_body, session_bodies
 from bench.gateway_overhead import CONCURRENCY, MODES, summarize
+from bench.loadgen import requests
 from bench.mock_upstream import tokenize
 
 
@@ -66,3 +71,63 @@ def test_the_summary_compares_each_body_with_its_own_baseline():
     assert "upstream" not in s["cpu_ms_per_req_by_concurrency"]
     without = summarize({k: v for k, v in cells.items() if k != "litellm"}, "on")
     assert "cpu_ratio_vs_litellm_recording" not in without and without["max_stall_ms"] == 28.0
+
+
+def test_an_agent_session_grows_by_one_tool_call_and_its_result_per_step():
+    steps = session_bodies(2)
+    assert len(steps) == 15 and steps[-1] == agent_body(2)
+    assert [len(s["messages"]) for s in steps] == list(range(2, 31, 2))
+    for before, after in itertools.pairwise(steps):
+        n = len(before["messages"])
+        assert after["messages"][:n] == before["messages"]  # the history is sent again as is
+        call, result = after["messages"][n:]
+        assert call["role"] == "assistant" and result["role"] == "tool"
+        assert result["tool_call_id"] == call["tool_calls"][0]["id"]
+
+
+def test_the_load_generator_sends_each_session_in_order_under_its_own_id():
+    workers = requests("auto", False, {"authorization": "Bearer k"}, None, sessions=True)
+    first, second = list(next(workers)), list(next(workers))
+    assert len(first) == len(second) == 15
+    ids = {h["x-session-id"] for _, h in first} | {h["x-session-id"] for _, h in second}
+    assert len(ids) == 2 and all(h["authorization"] == "Bearer k" for _, h in first)
+    sizes = [len(orjson.loads(data)["messages"]) for data, _ in first]
+    assert sizes == list(range(2, 31, 2))
+    assert orjson.loads(first[0][0])["model"] == "auto"
+    # without --sessions: the one body, again and again, with no session id
+    plain = next(requests("auto", True, {}, None, sessions=False))
+    (a, ha), (b, _) = next(plain), next(plain)
+    assert a == b and orjson.loads(a)["stream"] is True and "x-session-id" not in ha
+
+
+def test_the_summary_has_the_growing_session_cells_beside_the_others():
+    cells = {
+        "upstream": {b: cells_for(1, float("nan"), 5000, 2) for b in ("chat", "agent", "session")},
+        "gearshift_op": {"chat": cells_for(2, 0.5, 2000, 9), "agent": cells_for(4, 2.0, 500, 30),
+                         "session": cells_for(3, 1.0, 800, 50)},
+        "litellm": {b: cells_for(12, 10, 100, 20) for b in ("chat", "agent", "session")},
+    }  # fmt: skip
+    s = summarize(cells, "on")  # no light configuration in this run (--bodies without chat)
+    assert s["cpu_ratio_vs_litellm_agent_session"] == 0.1
+    assert s["added_p99_ms_agent_session"] == 2.0 and s["added_p50_ms_agent_session"] == 2.0
+    assert s["max_stall_ms"] == 49.0 and "cpu_ratio_vs_litellm" not in s
+    assert s["cpu_ms_per_req_by_concurrency"]["gearshift_op/session"]["stream"][1] == 1.0
+
+
+def test_the_stall_probe_sets_events_beside_the_slowest_requests(tmp_path, capsys):
+    log = tmp_path / "probe.jsonl"
+    events = [
+        {"kind": "gc", "t": 100.010, "ms": 30.0, "gen": 2, "collected": 5, "cpu_ms": 29.0},
+        {"kind": "lag", "t": 100.005, "ms": 40.0, "cpu_ms": 30.0, "process_cpu_ms": 31.0},
+        {"kind": "call", "t": 200.0, "ms": 5.0, "name": "RouteStage.__call__", "cpu_ms": 4.0},
+        {"kind": "gc_totals", "t": 300.0, "ms": 0.0, "totals": {"0": [9, 1.5, 3]}},
+    ]
+    log.write_text("".join(orjson.dumps(e).decode() + "\n" for e in events))
+    slow = {"slowest": [[50.0, 100.0, 30], [3.0, 150.0, 2]]}
+    out = stall_probe.report(log, {"session": {"plain": {1: slow}}})
+    assert out["events"]["gc"] == (1, 30.0)
+    assert out["events"]["call:RouteStage.__call__"] == (1, 5.0)
+    assert out["slowest_with"] == {"gc": 1, "lag": 1} and out["gc_totals"] == {"0": [9, 1.5, 3]}
+    printed = capsys.readouterr().out
+    assert "gc(gen 2) 30.0 ms, 29.0 on CPU" in printed and "nothing over thresholds" in printed
+    assert stall_probe.during(stall_probe.read(log), 199.999, 2.0) == [events[2]]
