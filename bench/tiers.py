@@ -31,8 +31,8 @@ measures a running gateway the same way. ``--levers`` starts one vLLM server per
 ``full-suffix`` the full model with suffix decoding, ``int4-ngram`` int4 weights, ...) plus
 the plain full model, all pinned to one core, and measures them side by side.
 
-``--quick``: 4 task prompts at most 24 tokens, 4 repetitive prompts at most 32 tokens, 3
-quality tasks (no sandbox): seconds, a smoke run with no thresholds. The last line is one
+``--quick``: 4 task prompts and 4 repetitive prompts at most 16 tokens, 3 quality tasks (no
+sandbox) at most 48: a smoke run with no thresholds, whose scores only prove the plumbing. The last line is one
 JSON object: the headline arm's (``--headline``; the fast tier, or the first lever)
 ``answer_speedup_c1``, ``rps_speedup_c4``, ``length_ratio_c1``, ``quality_retention``,
 ``quality_retention_ci_low``, and everything measured under ``arms``.
@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import time
@@ -114,11 +115,11 @@ def speed_workloads(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]
     limit = 4 if args.quick else args.speed_max
     if limit and len(tasks) > limit:  # evenly spaced, so the families stay mixed
         tasks = [tasks[i * len(tasks) // limit] for i in range(limit)]
-    cap = 24 if args.quick else None
+    cap = 16 if args.quick else None
     return {
         "tasks": [_capped(t, cap) for t in tasks],
         "repetitive": repetitive_bodies(
-            args.repetitive, max_tokens=32 if args.quick else args.repetitive_tokens
+            args.repetitive, max_tokens=16 if args.quick else args.repetitive_tokens
         ),
     }
 
@@ -126,8 +127,8 @@ def speed_workloads(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]
 def quality_tasks(args: argparse.Namespace, side: str) -> list[Task]:
     sources = NO_SANDBOX_SOURCES if args.quick else None
     tasks = split_tasks(side, sources)
-    if args.quick:
-        return per_family(tasks, 1)[:3]
+    if args.quick:  # a smoke run: answers capped, so the scores only prove the plumbing
+        return [dataclasses.replace(t, body=_capped(t, 48)) for t in per_family(tasks, 1)[:3]]
     return per_family(tasks, args.quality_per_family) if args.quality_per_family else tasks
 
 
