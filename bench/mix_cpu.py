@@ -1,0 +1,93 @@
+"""CPU seconds of a running Gearshift stack's whole process tree, read from ``/proc`` (Linux).
+
+The stack is the ``gearshift serve --port N`` process (``bench.stack.serve`` starts it that
+way) and everything under it: the gateway, the tiers' vLLM servers and their engine
+processes, the store's writer. ``StackCpu(port).seconds()`` sums user and system time of
+every process of that tree alive at the call, with the time of children they already
+reaped (``cutime``/``cstime``), so the difference of two calls is what the stack spent
+between them, including a process that started or ended in that window.
+
+Read from ``/proc/<pid>/stat`` directly rather than with psutil, which the gateway's
+environment does not install; the stack runs only on Linux (vLLM's CPU backend,
+bubblewrap) anyway.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections import defaultdict
+from pathlib import Path
+
+PROC = Path("/proc")
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        text = (PROC / str(pid) / "stat").read_text()
+    except OSError:  # gone since the listing
+        return None
+    return text[text.rindex(")") + 2 :].split()  # the name may hold spaces and brackets
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in PROC.iterdir() if p.name.isdigit()]
+
+
+def serve_pid(port: int) -> int | None:
+    """The pid of ``gearshift serve ... --port <port>`` on this machine, or None."""
+    for pid in _pids():
+        try:
+            argv = (PROC / str(pid) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        launcher = any(Path(a).name == "gearshift" for a in args[:2]) and "serve" in args
+        ports = {b for a, b in itertools.pairwise(args) if a == "--port"}
+        if launcher and (str(port) in ports or f"--port={port}" in args):
+            return pid
+    return None
+
+
+def tree(root: int) -> list[int]:
+    """``root`` and its living descendants."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for pid in _pids():
+        fields = _stat(pid)
+        if fields is not None:
+            children[int(fields[1])].append(pid)  # field 4, ppid
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system time of ``pids`` and of the children they reaped, in seconds."""
+    total = 0
+    for pid in pids:
+        fields = _stat(pid)
+        if fields is not None:  # utime, stime, cutime, cstime: fields 14-17
+            total += sum(int(v) for v in fields[11:15])
+    return total / TICKS
+
+
+class StackCpu:
+    """The CPU time of the stack listening on ``port`` (``found`` is False when no
+    ``gearshift serve`` process of this machine listens there: a remote gateway)."""
+
+    def __init__(self, port: int) -> None:
+        self.root = serve_pid(port)
+
+    @property
+    def found(self) -> bool:
+        return self.root is not None
+
+    def processes(self) -> int:
+        return len(tree(self.root)) if self.root is not None else 0
+
+    def seconds(self) -> float | None:
+        return cpu_seconds(tree(self.root)) if self.root is not None else None

@@ -1,0 +1,267 @@
+"""The routed mix end to end: the default router in front of both tiers, against always-full
+and always-fast, in tasks per CPU-second, time per task and quality.
+
+    python -m bench.routed_mix [--per-family 2] [--concurrency 4]          # locked test split
+    python -m bench.routed_mix --side dev --thresholds 0.3,0.4,0.476,0.55,0.65
+    python -m bench.routed_mix --side dev --per-family 0 --thresholds 0.3,0.4,0.476,0.55,0.65 \
+        --outcomes-from bench/data/router_outcomes.jsonl                  # the sweep, no servers
+    python -m bench.routed_mix --threshold 0.4                             # at an operating point
+    python -m bench.routed_mix --url http://127.0.0.1:8000 --quick         # a running stack
+
+The run starts the embedded stack the README starts (``gearshift serve``: gateway, the two
+tiers' vLLM servers, the store's writer on a temporary SQLite file; ``bench.stack``), or
+uses a running one (``--url``). The same tasks — the first ``--per-family`` of every family
+of one side of the locked split (``bench/data/router_split.json``; ``0``: all of them) — go
+through the gateway three ways: **routed** (``model: auto``, the router decides; each task a
+fresh session), **always-full** (``model: full``) and **always-fast** (``model: fast``),
+greedy, ``--concurrency`` at a time. The arms take turns chunk by chunk (``--chunk`` tasks,
+the order rotating), so the machine's noise hits all three, and each arm is charged the CPU
+time the stack's whole process tree spent during its own chunks (``bench.mix_cpu``: the
+gateway, both vLLM servers and their engine processes, the writer) and their wall time.
+
+Per arm: ``tasks_per_cpu_s`` (completed tasks over those CPU seconds), ``tasks_per_s``,
+``s_per_task`` mean and p50 (request to whole answer), mean ``quality`` (each task's own
+checker, ``bench.router_scoring`` for exact answers), quality against always-full paired per
+task with a 95% bootstrap interval (``bench.tier_quality``), and for the routed arm the share
+of steps the router sent to each tier and how many fast answers the gateway escalated.
+
+**Operating point.** The default router's knob is the classifier's threshold
+(``bench.mix_replay``). ``--side dev --thresholds ...`` replays the default chain's
+decisions on the dev tasks at each threshold against the two always-arms' measured scores and
+names ``operating_point``: the threshold that sends the most steps to the fast tier while
+keeping ≥ 0.95 of always-full's quality on dev. ``--outcomes-from FILE`` replays the same
+sweep on the stored greedy outcomes of both tiers (``bench.router_outcomes``: every task of
+the side, no servers). ``--threshold T`` then starts the stack with
+that threshold (``GEARSHIFT_ROUTER__PARAMS``) for the test run; without it the model's own
+threshold is used.
+
+The last line is one JSON object: ``tasks_per_cpu_s_ratio`` and ``time_per_task_ratio``
+(routed over always-full: above 1 is more tasks per CPU-second, resp. slower per task),
+``quality_vs_full`` and ``quality_vs_full_ci_low``, ``fast_share``, the same of always-fast
+under ``baseline_fast``, and every arm's figures under ``arms``. Progress goes to stderr.
+``--quick``: three test tasks that need no sandbox, at most 24 tokens each, one chunk — a
+smoke run of seconds with no thresholds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from bench.mix_arms import ARMS, Outcome, arm_figures, ask, scored, served_split
+from bench.mix_cpu import StackCpu
+from bench.mix_replay import agreement, decisions, operating_point, router_params, sweep
+from bench.router_outcomes import load as load_outcomes
+from bench.router_split import load as load_split
+from bench.router_tasks import Task
+from bench.stack import serve
+from bench.tier_prompts import NO_SANDBOX_SOURCES, per_family, split_tasks
+from bench.tier_quality import paired, report
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def pick_tasks(args: argparse.Namespace) -> list[Task]:
+    sources = NO_SANDBOX_SOURCES if args.quick else None
+    tasks = split_tasks(args.side, sources)
+    if args.quick:
+        return per_family(tasks, 1)[:3]
+    return per_family(tasks, args.per_family) if args.per_family else tasks
+
+
+def capped(task: Task, max_tokens: int | None) -> Task:
+    if max_tokens is None:
+        return task
+    body = {**task.body, "max_tokens": min(int(task.body.get("max_tokens", max_tokens)), max_tokens)}  # fmt: skip
+    return Task(task.id, task.source, task.category, task.difficulty, body, task.check)
+
+
+@contextlib.contextmanager
+def stack_url(args: argparse.Namespace) -> Iterator[str]:
+    """A running gateway's URL (``--url``), or the embedded stack started for this run."""
+    if args.url:
+        yield args.url.rstrip("/")
+        return
+    with tempfile.TemporaryDirectory(prefix="gearshift-mix-") as tmp:
+        env = {
+            "GEARSHIFT_STORE__URL": f"sqlite:///{tmp}/trajectories.db",
+            "GEARSHIFT_STORE__DEAD_LETTER_PATH": f"{tmp}/dead-letter.jsonl",
+        }
+        if args.threshold is not None:
+            policy, params = router_params(args.threshold)
+            env |= {"GEARSHIFT_ROUTER__POLICY": policy, "GEARSHIFT_ROUTER__PARAMS": json.dumps(params)}  # fmt: skip
+        log("starting the stack (provisioning the fast tier if needed)")
+        with serve(Path(tmp) / "serve.log", env, timeout_s=args.startup_timeout) as stack:
+            log(f"stack ready at {stack.url}")
+            yield stack.url
+
+
+async def measure(
+    url: str, tasks: list[Task], args: argparse.Namespace, cpu: StackCpu
+) -> dict[str, dict[str, Any]]:
+    """Per arm: its outcomes, CPU seconds and wall seconds, chunk by chunk in turns."""
+    run = uuid.uuid4().hex[:8]  # sessions of this run never continue an earlier run's
+    tally: dict[str, dict[str, Any]] = {a: {"out": [], "cpu_s": 0.0, "wall_s": 0.0} for a in ARMS}  # fmt: skip
+    gate = asyncio.Semaphore(args.concurrency)
+    timeout = aiohttp.ClientTimeout(total=3600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def one(arm: str, task: Task) -> Outcome:
+            async with gate:
+                return await ask(session, url, arm, task, f"routed-mix-{run}-{arm}-{task.id}")
+
+        warm = Task("warmup", "warmup", "warmup", None, {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8})  # fmt: skip
+        for arm in ("full", "fast"):  # a fresh server's first request pays one-off costs
+            await ask(session, url, arm, warm, f"routed-mix-{run}-warmup")
+        chunk = args.chunk or 2 * args.concurrency
+        for k, start in enumerate(range(0, len(tasks), chunk)):
+            batch = tasks[start : start + chunk]
+            order = [*ARMS[k % 3 :], *ARMS[: k % 3]]
+            for arm in order:
+                c0, t0 = cpu.seconds(), time.perf_counter()
+                outs = await asyncio.gather(*(one(arm, t) for t in batch))
+                wall, c1 = time.perf_counter() - t0, cpu.seconds()
+                t = tally[arm]
+                t["out"] += outs
+                t["wall_s"] += wall
+                t["cpu_s"] = None if c0 is None or c1 is None or t["cpu_s"] is None else t["cpu_s"] + c1 - c0  # fmt: skip
+            log(f"  {start + len(batch)}/{len(tasks)} tasks, each arm")
+    for arm in ARMS:  # scored after the timed windows: HumanEval's checker runs a sandbox
+        tally[arm]["scores"] = await scored(tasks, tally[arm]["out"])
+    return tally
+
+
+def summarize(tasks: list[Task], tally: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+    arms = {a: arm_figures(tally[a]) for a in ARMS}
+    full_scores = tally["full"]["scores"]
+    for arm in ("fast", "routed"):
+        arms[arm]["vs_full"] = report(paired(tasks, full_scores, tally[arm]["scores"]), args.boot)
+
+    def ratio(arm: str, key: str) -> float | None:
+        a, f = arms[arm].get(key), arms["full"].get(key)
+        return round(a / f, 3) if a is not None and f else None
+
+    def against_full(arm: str) -> dict[str, Any]:
+        q = arms[arm]["vs_full"]
+        return {
+            "tasks_per_cpu_s_ratio": ratio(arm, "tasks_per_cpu_s"),
+            "time_per_task_ratio": ratio(arm, "s_per_task_mean"),
+            "quality_vs_full": q["quality_retention"],
+            "quality_vs_full_ci_low": (q["ci"] or [None])[0],
+        }
+
+    routed = arms["routed"]
+    return {
+        **against_full("routed"),
+        "fast_share": routed["tier_share"]["fast"],
+        "baseline_fast": against_full("fast"),
+        "side": args.side,
+        "tasks": len(tasks),
+        "per_family": 1 if args.quick else args.per_family,
+        "concurrency": args.concurrency,
+        "threshold": args.threshold,
+        "split_sha256": load_split().sha256,
+        "arms": arms,
+    }
+
+
+def stored_sweep(args: argparse.Namespace, tasks: list[Task], bodies: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The threshold sweep from stored outcomes of the two tiers (no stack, no CPU figures)."""
+    stored = load_outcomes(args.outcomes_from)
+    rows = {t.id: row for t in tasks if (row := stored.get(t.key)) is not None}
+    full = {i: float(r["full"]["score"]) for i, r in rows.items()}
+    fast = {i: float(r["fast"]["score"]) for i, r in rows.items()}
+    sources = {t.id: t.source for t in tasks}
+    values = [float(v) for v in args.thresholds.split(",")]
+    log(
+        f"{len(rows)} of {len(tasks)} {args.side} tasks have stored outcomes in {args.outcomes_from}"
+    )
+    table = sweep(decisions(bodies), full, fast, sources, values, args.boot)
+    measured = ("tasks_per_cpu_s_ratio", "time_per_task_ratio", "quality_vs_full", "quality_vs_full_ci_low", "fast_share")  # fmt: skip
+    return dict.fromkeys(measured) | {
+        "side": args.side,
+        "tasks": len(rows),
+        "outcomes_from": str(args.outcomes_from),
+        "split_sha256": load_split().sha256,
+        "sweep": table,
+        "operating_point": operating_point(table, args.keep),
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    tasks = [capped(t, 24 if args.quick else None) for t in pick_tasks(args)]
+    if not tasks:
+        raise SystemExit("no tasks: --per-family must be 0 or more and the split must hold tasks")
+    bodies = {t.id: {**t.body, "model": "auto", "temperature": 0, "seed": 0} for t in tasks}
+    if args.outcomes_from:
+        return stored_sweep(args, tasks, bodies)
+    log(f"{len(tasks)} {args.side} tasks, 3 arms, concurrency {args.concurrency}")
+    with stack_url(args) as url:
+        cpu = StackCpu(urlsplit(url).port or 80)
+        if cpu.found:
+            log(f"charging CPU of pid {cpu.root} and its {cpu.processes() - 1} descendants")
+        else:
+            log(f"no gearshift serve process listens on {url} here: no CPU figures")
+        tally = asyncio.run(measure(url, tasks, args, cpu))
+    result = summarize(tasks, tally, args)
+    replayed = decisions(bodies, args.threshold)
+    result["replay_agreement"] = agreement(replayed, served_split(tally["routed"]["out"]))
+    if args.thresholds:
+        sources = {t.id: t.source for t in tasks}
+        values = [float(v) for v in args.thresholds.split(",")]
+        rows = sweep(replayed, tally["full"]["scores"], tally["fast"]["scores"], sources, values, args.boot)  # fmt: skip
+        result["sweep"], result["operating_point"] = rows, operating_point(rows, args.keep)
+    return result
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--url", help="a running gateway (its stack's CPU is read when it runs here)")
+    p.add_argument("--side", choices=["test", "dev"], default="test")
+    p.add_argument("--per-family", type=int, default=2, help="first N tasks per family (0: all)")
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--chunk", type=int, default=0, help="tasks per turn (0: 2 x concurrency)")
+    p.add_argument("--threshold", type=float, help="start the stack with this classifier threshold")  # fmt: skip
+    p.add_argument("--thresholds", help="--side dev: replay these thresholds, name the operating point")  # fmt: skip
+    p.add_argument("--outcomes-from", type=Path,
+                   help="with --thresholds: replay on stored outcomes of both tiers (bench.router_outcomes)")  # fmt: skip
+    p.add_argument("--keep", type=float, default=0.95, help="quality vs always-full to keep")
+    p.add_argument("--boot", type=int, default=2000, help="bootstrap resamples")
+    p.add_argument("--startup-timeout", type=float, default=3600)
+    p.add_argument("--quick", action="store_true", help="3 short test tasks: a smoke run")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parser().parse_args(argv)
+    if args.quick:
+        args.side, args.boot, args.thresholds = "test", min(args.boot, 200), None
+    if args.per_family < 0 or args.concurrency < 1 or args.chunk < 0:
+        raise SystemExit("--per-family >= 0, --concurrency >= 1, --chunk >= 0")
+    if args.thresholds and args.side != "dev":
+        raise SystemExit("--thresholds: only on --side dev (nothing is tuned on the test split)")
+    if args.outcomes_from and not args.thresholds:
+        raise SystemExit("--outcomes-from: with --thresholds (it replays the sweep only)")
+    if args.threshold is not None and args.url:
+        raise SystemExit("--threshold starts a stack with it: not with --url")
+    result = run(args)
+    print(json.dumps(result), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()

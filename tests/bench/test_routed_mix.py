@@ -1,0 +1,131 @@
+"""The routed mix's parts that need no model: the CPU time of a stack's process tree read from
+/proc, the router's threshold knob, the dev-split sweep that picks the operating point, the
+per-arm figures, and the refusals of the command line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.mix_arms import Outcome, arm_figures
+from bench.mix_cpu import StackCpu, serve_pid, tree
+from bench.mix_replay import Routed, agreement, operating_point, router_params, sweep
+from bench.routed_mix import main
+from router import RouteRequest, build_policy
+
+# burns argv[1] CPU-seconds, then waits to be killed
+BURN = (
+    "import sys, time\nend = time.process_time() + float(sys.argv[-1])\n"
+    "while time.process_time() < end:\n    pass\ntime.sleep(60)\n"
+)
+
+
+def test_stack_cpu_charges_the_serve_process_and_its_children(tmp_path: Path):
+    """A stand-in ``gearshift serve --port N`` that starts a child; both burn CPU."""
+    child = tmp_path / "child.py"
+    child.write_text(BURN)
+    launcher = tmp_path / "gearshift"
+    launcher.write_text(
+        f"import subprocess, sys\nsubprocess.Popen([sys.executable, {str(child)!r}, '0.2'])\n"
+        + BURN
+    )
+    proc = subprocess.Popen([sys.executable, str(launcher), "serve", "--port", "54321", "0.15"])
+    pids = [proc.pid]
+    try:
+        deadline = time.monotonic() + 30
+        while len(pids := tree(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cpu = StackCpu(54321)
+        assert cpu.root == proc.pid and cpu.processes() == 2
+        seconds = cpu.seconds()
+        while seconds is not None and seconds < 0.33 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            seconds = cpu.seconds()
+        assert seconds is not None and 0.33 <= seconds < 3  # both burns, and little else
+        assert serve_pid(54322) is None and StackCpu(54322).seconds() is None
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_router_params_set_the_default_chains_classifier_threshold():
+    policy, params = router_params(0.3)
+    assert policy == "session"
+    assert params["base"] == "rules" and params["base_params"]["base"] == "classifier"
+    assert params["base_params"]["base_params"] == {"threshold": 0.3}
+    body = {"messages": [{"role": "user", "content": "What is 2 + 2?"}], "temperature": 0}
+    low = build_policy(*router_params(0.0)).decide(RouteRequest("chat", body))
+    high = build_policy(*router_params(1.0)).decide(RouteRequest("chat", body))
+    assert (str(low.tier), low.threshold) == ("full", 0.0)
+    assert (str(high.tier), high.threshold) == ("fast", 1.0)
+    assert router_params()[1] == router_params(None)[1] and "threshold" not in str(router_params()[1])  # fmt: skip
+
+
+def test_sweep_picks_the_most_fast_steps_that_keep_the_quality():
+    routed = {
+        "a": Routed("full", True, 0.8, 0.5),
+        "b": Routed("fast", True, 0.4, 0.5),
+        "c": Routed("fast", True, 0.2, 0.5),
+        "d": Routed("full", False, None, None),  # a rule decided: no threshold moves it
+    }
+    full = {"a": 1.0, "b": 1.0, "c": 0.0, "d": 1.0}
+    fast = {"a": 0.0, "b": 1.0, "c": 1.0, "d": 0.0}
+    sources = dict.fromkeys(routed, "s")
+    rows = sweep(routed, full, fast, sources, [0.1, 0.3, 0.5, 0.9], boot=50)
+    by_t = {r["threshold"]: r for r in rows}
+    assert [by_t[t]["fast_share"] for t in (0.1, 0.3, 0.5, 0.9)] == [0, 0.25, 0.5, 0.75]
+    # at 0.5 b and c go fast: b keeps its 1, c gains 1 -> 4 / 3 of always-full's 3
+    assert by_t[0.5]["quality_vs_full"] == pytest.approx(4 / 3, abs=1e-3)
+    assert by_t[0.9]["quality_vs_full"] == pytest.approx(1.0, abs=1e-3)  # a loses its 1
+    assert operating_point(rows) == 0.9
+    assert operating_point(rows, keep=1.2) == 0.5
+    assert operating_point(rows, keep=2.0) is None
+    assert agreement(routed, {"a": "full", "b": "full", "x": "fast"}) == 0.5
+
+
+def test_arm_figures_count_router_choices_and_escalations():
+    outs = [
+        Outcome("a", 1.0, 200, {"content": "x"}, "fast", "classifier: p(full)=0.10 < 0.48"),
+        Outcome("b", 3.0, 200, {"content": "x"}, "full", "classifier: ...; escalated to full: cut"),
+        Outcome("c", 2.0, 200, {"content": "x"}, "full", "classifier: p(full)=0.90 >= 0.48"),
+        Outcome("d", 6.0, 504, None, "full", ""),  # timed out: not completed
+    ]
+    fig = arm_figures({"out": outs, "cpu_s": 6.0, "wall_s": 4.0, "scores": {"a": 1, "b": 0, "c": 1, "d": 0}})  # fmt: skip
+    assert fig["completed"] == 3 and fig["tasks_per_cpu_s"] == 0.5 and fig["tasks_per_s"] == 0.75
+    assert fig["s_per_task_mean"] == 3.0 and fig["s_per_task_p50"] == 2.5
+    assert fig["tier_share"] == {"full": 0.5, "fast": 0.5} and fig["escalated"] == 1
+    assert fig["quality"] == 0.5
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--thresholds", "0.3,0.5"],  # tuning on the locked test split
+        ["--url", "http://127.0.0.1:9", "--threshold", "0.4"],
+        ["--per-family", "-1"],
+        ["--concurrency", "0"],
+    ],
+)
+def test_refused_command_lines(argv):
+    with pytest.raises(SystemExit):
+        main(argv)
+
+
+def test_sweep_from_stored_outcomes_names_a_dev_operating_point(capsys):
+    """The sweep on the committed outcomes of both tiers: dev tasks only, no servers."""
+    result = main(["--side", "dev", "--per-family", "1", "--thresholds", "0.0,0.5,1.0",
+                   "--outcomes-from", "bench/data/router_outcomes.jsonl", "--boot", "50"])  # fmt: skip
+    assert result["side"] == "dev" and result["tasks"] == 13  # one per family, all stored
+    shares = [row["fast_share"] for row in result["sweep"]]
+    assert shares[0] == 0 and shares == sorted(shares)  # a higher threshold: more fast steps
+    assert result["sweep"][0]["quality_vs_full"] == 1.0  # threshold 0: always full
+    assert result["operating_point"] in (0.0, 0.5, 1.0)
+    assert result["tasks_per_cpu_s_ratio"] is None  # nothing was run
+    assert "13 of 13 dev tasks" in capsys.readouterr().err
