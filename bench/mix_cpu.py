@@ -7,7 +7,7 @@ every process of that tree alive at the call, with the time of children they alr
 reaped (``cutime``/``cstime``), so the difference of two calls is what the stack spent
 between them, including a process that started or ended in that window.
 
-Read from ``/proc/<pid>/stat`` directly rather than with psutil, which the gateway's
+Read from ``/proc`` (``bench.procs``) rather than with psutil, which the gateway's
 environment does not install; the stack runs only on Linux (vLLM's CPU backend,
 bubblewrap) anyway.
 """
@@ -15,20 +15,11 @@ bubblewrap) anyway.
 from __future__ import annotations
 
 import itertools
-import os
-from collections import defaultdict
 from pathlib import Path
 
+from bench.procs import process_tree, tree_cpu_seconds
+
 PROC = Path("/proc")
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        text = (PROC / str(pid) / "stat").read_text()
-    except OSError:  # gone since the listing
-        return None
-    return text[text.rindex(")") + 2 :].split()  # the name may hold spaces and brackets
 
 
 def _pids() -> list[int]:
@@ -52,27 +43,7 @@ def serve_pid(port: int) -> int | None:
 
 def tree(root: int) -> list[int]:
     """``root`` and its living descendants."""
-    children: dict[int, list[int]] = defaultdict(list)
-    for pid in _pids():
-        fields = _stat(pid)
-        if fields is not None:
-            children[int(fields[1])].append(pid)  # field 4, ppid
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system time of ``pids`` and of the children they reaped, in seconds."""
-    total = 0
-    for pid in pids:
-        fields = _stat(pid)
-        if fields is not None:  # utime, stime, cutime, cstime: fields 14-17
-            total += sum(int(v) for v in fields[11:15])
-    return total / TICKS
+    return process_tree(root)
 
 
 class StackCpu:
@@ -90,4 +61,4 @@ class StackCpu:
         return len(tree(self.root)) if self.root is not None else 0
 
     def seconds(self) -> float | None:
-        return cpu_seconds(tree(self.root)) if self.root is not None else None
+        return tree_cpu_seconds(self.root, reaped=True) if self.root is not None else None

@@ -64,26 +64,41 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: flo
     raise RuntimeError(f"{url} not ready after {timeout_s}s; log:\n{log.read_text()[-2000:]}")
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and all its live descendants."""
-    stats: dict[int, tuple[int, float]] = {}
+def _stats() -> dict[int, list[str]]:
+    """The ``/proc/<pid>/stat`` fields after the command name, by pid, of every process."""
+    out = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = raw.rsplit(")", 1)[1].split()
-        ppid, utime, stime = int(fields[1]), int(fields[11]), int(fields[12])
-        stats[int(entry)] = (ppid, (utime + stime) / CLK_TCK)
-    total, frontier = 0.0, [pid]
-    while frontier:
-        current = frontier.pop()
-        if current in stats:
-            total += stats[current][1]
-        frontier.extend(child for child, (ppid, _) in stats.items() if ppid == current)
-    return total
+        if entry.isdigit():
+            try:
+                raw = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:  # gone since the listing
+                continue
+            out[int(entry)] = raw.rsplit(")", 1)[1].split()  # the name may hold ")"
+    return out
+
+
+def process_tree(pid: int, stats: dict[int, list[str]] | None = None) -> list[int]:
+    """``pid`` and its live descendants."""
+    stats = _stats() if stats is None else stats
+    children: dict[int, list[int]] = {}
+    for child, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(child)  # field 4: ppid
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        todo.extend(children.get(current, []))
+    return out
+
+
+def tree_cpu_seconds(pid: int, reaped: bool = False) -> float:
+    """User + system CPU seconds of ``pid`` and all its live descendants; with ``reaped``
+    also what the children they already reaped used (``cutime``/``cstime``: a short-lived
+    run or engine process counts after it ended)."""
+    stats = _stats()
+    last = 15 if reaped else 13  # utime, stime[, cutime, cstime]: fields 14-17
+    ticks = sum(int(v) for p in process_tree(pid, stats) if p in stats for v in stats[p][11:last])
+    return ticks / CLK_TCK
 
 
 def process_cpu_seconds(pid: int) -> float:

@@ -39,7 +39,7 @@ import orjson
 import yaml
 
 from bench.mock_upstream import STREAM_RE, MockProtocol, chat_answer
-from bench.procs import CLK_TCK, start
+from bench.procs import start, tree_cpu_seconds
 from bench.proxies import KEY, free_port, gearshift_config
 
 TENANT = "bench"
@@ -245,23 +245,6 @@ def _kind(tool: str, status: int, out: dict[str, Any]) -> str:
     return f"{tool}: {status} exit {out.get('exit_status')} recorded {out.get('recorded')} {first}"
 
 
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid``'s live process tree, including what its members' reaped
-    children used (a sandboxed run is a short-lived child of the sandbox service)."""
-    stats: dict[int, tuple[int, int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-                stats[int(entry)] = (int(fields[1]), sum(int(f) for f in fields[11:15]))
-    total, frontier = 0, [pid]
-    while frontier:
-        current = frontier.pop()
-        total += stats.get(current, (0, 0))[1]
-        frontier.extend(c for c, (ppid, _) in stats.items() if ppid == current)
-    return total / CLK_TCK
-
-
 def done(latencies: list[float | None]) -> list[float]:
     return [ms for ms in latencies if ms is not None]
 
@@ -314,10 +297,14 @@ async def load(agent: Agent, tool: str, concurrency: int, total: int) -> Load:
             if ms is not None:
                 latencies.append(ms)
 
-    cpu0, mine0, t0 = tree_cpu_s(agent.gw.proc.pid), time.process_time(), time.perf_counter()
+    cpu0, mine0, t0 = (
+        tree_cpu_seconds(agent.gw.proc.pid, reaped=True),
+        time.process_time(),
+        time.perf_counter(),
+    )
     await asyncio.gather(*(worker(s) for s in sessions))
     elapsed = time.perf_counter() - t0
-    server = tree_cpu_s(agent.gw.proc.pid) - cpu0
+    server = tree_cpu_seconds(agent.gw.proc.pid, reaped=True) - cpu0
     return Load(
         concurrency, len(latencies) / elapsed, latencies, server / elapsed,
         (time.process_time() - mine0) / elapsed, server * 1000 / len(latencies),
