@@ -72,7 +72,7 @@ import orjson
 from sqlalchemy import select
 
 from bench import sandbox_api as api
-from bench.procs import start, stop, wait_http
+from bench.procs import start, stop, tree_cpu_seconds, wait_http
 from bench.proxies import KEY, free_port
 from bench.sandbox import timed
 from gateway.store.database import make_engine
@@ -194,10 +194,10 @@ class Bench:
                 tasks.append(task)
                 await run(sessions[w], task)
 
-        cpu0, t = api.tree_cpu_s(self.gw.proc.pid), time.perf_counter()
+        cpu0, t = tree_cpu_seconds(self.gw.proc.pid, reaped=True), time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
         elapsed = time.perf_counter() - t
-        cpu_ms = (api.tree_cpu_s(self.gw.proc.pid) - cpu0) * 1000
+        cpu_ms = (tree_cpu_seconds(self.gw.proc.pid, reaped=True) - cpu0) * 1000
         requests1, busy1 = await self.mock_stats()
         model_ms = (busy1 - busy0) / max(1, requests1 - requests0)
         if mode != "client":
