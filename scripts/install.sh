@@ -108,13 +108,23 @@ fi
 # The deployment tests (tests/deploy) render the Kubernetes manifests with kubectl and build
 # and run the gateway image with podman on a base made by mmdebstrap (runc: crun refuses
 # hybrid cgroups). Without them those tests are skipped, saying why.
-if command -v kubectl >/dev/null && command -v podman >/dev/null && command -v mmdebstrap >/dev/null \
-   && command -v runc >/dev/null; then
+DEPLOY_MISSING=()
+command -v kubectl >/dev/null || DEPLOY_MISSING+=(kubernetes-client)  # any kubectl will do
+command -v podman >/dev/null || DEPLOY_MISSING+=(podman)
+command -v runc >/dev/null || DEPLOY_MISSING+=(runc)
+command -v mmdebstrap >/dev/null || DEPLOY_MISSING+=(mmdebstrap)
+if [ ${#DEPLOY_MISSING[@]} = 0 ]; then
   step "kubectl, podman, runc and mmdebstrap are installed"
 elif command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-  step "kubectl, podman, runc, mmdebstrap (Debian packages; the deployment tests)"
-  apt-get install -y -q --no-install-recommends kubernetes-client podman runc mmdebstrap >/dev/null \
-    || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends kubernetes-client podman runc mmdebstrap >/dev/null; }
+  # Only what is missing: a kubectl from another package (Google's SDK ships one) must not
+  # be overwritten. Optional: a failure here skips the deployment tests, it does not stop
+  # the install.
+  step "${DEPLOY_MISSING[*]} (Debian packages; the deployment tests)"
+  { apt-get install -y -q --no-install-recommends "${DEPLOY_MISSING[@]}" >/dev/null \
+    || { apt-get update -q >/dev/null \
+         && apt-get install -y -q --no-install-recommends "${DEPLOY_MISSING[@]}" >/dev/null; }; } \
+    || { dpkg --configure -a >/dev/null 2>&1 || true
+         step "could not install ${DEPLOY_MISSING[*]}: the deployment tests will be skipped"; }
 else
   step "kubectl/podman/mmdebstrap not found: Debian's 'kubernetes-client podman runc mmdebstrap' run the deployment tests"
 fi
