@@ -172,6 +172,26 @@ class LimitsSettings(Section):
         ge=1,
         description="completion tokens a budget reserves for a request that sets no max_tokens",
     )
+    lease_s: float = Field(
+        default=30.0,
+        ge=2.0,
+        le=3600.0,
+        description="how long budget a replica leased outlives its last store transaction: a "
+        "replica that dies under-admits by what it held for at most this long",
+    )
+    flush_s: float = Field(
+        default=0.5,
+        gt=0.0,
+        le=60.0,
+        description="how often a replica writes settled usage to the store (how stale the "
+        "other replicas' view of it can be)",
+    )
+
+    @model_validator(mode="after")
+    def _flush_within_lease(self) -> LimitsSettings:
+        if self.flush_s * 8 > self.lease_s:
+            raise ValueError("limits.flush_s must be at most an eighth of limits.lease_s")
+        return self
 
 
 class TelemetrySettings(Section):

@@ -8,7 +8,7 @@ transaction ran), adds the flush that is due, and applies it all in one transact
 (``gateway.store.ledger``): lock and read the rows with this replica's leases on them,
 write spent usage to ``used``, give back idle free parts, then admit each reservation whole
 or refuse it whole (a block more than it needs while far from the cap), write the rows and
-leases back, commit once. Without misses, a flush runs every ``FLUSH_S``; it also renews the
+leases back, commit once. Without misses, a flush runs every ``flush_s``; it also renews the
 leases (``lease_s``): a replica that dies holding a lease under-admits only until the lease
 ends, when a reservation that would be refused takes it back.
 
@@ -84,12 +84,12 @@ def _relaxed(dbapi_conn: Any, _record: Any) -> None:
 
 
 class Ledger:
-    def __init__(self, url: str, *, lease_s: float = LEASE_S) -> None:
+    def __init__(self, url: str, *, lease_s: float = LEASE_S, flush_s: float = FLUSH_S) -> None:
         self.engine: Engine = make_engine(url, poolclass=NullPool)
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _relaxed)  # after make_engine's pragmas
         self.sql = Statements(self.engine.dialect.name)
-        self.lease_s = lease_s
+        self.lease_s, self.flush_s = lease_s, flush_s
         self.holder = f"{socket.gethostname()[:30]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self._shares: dict[Key, Share] = {}
         self._lock = threading.Lock()
@@ -192,7 +192,7 @@ class Ledger:
         """Under the lock: take what the shares cover of each reservation, the flush that
         is due; and each touched share's lease before (what the store should hold)."""
         now = time.monotonic()
-        due = closing or now - self._flushed >= FLUSH_S
+        due = closing or now - self._flushed >= self.flush_s
         if due:
             self._flushed = now
         shares = self._shares

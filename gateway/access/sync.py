@@ -39,6 +39,7 @@ class AccessSync:
     def __init__(self, settings: Settings, auth: Authenticator, admission: Admission) -> None:
         self.url = settings.store.url
         self.refresh_s = settings.auth.refresh_s
+        self.limits = settings.limits
         self.auth, self.admission = auth, admission
         self.version = -1
         self._engine: Engine | None = None
@@ -49,7 +50,10 @@ class AccessSync:
         """After the store's schema is ready (the recorder migrates it)."""
         loop = asyncio.get_running_loop()
         self._engine = await loop.run_in_executor(self._thread, make_engine, self.url)
-        self.admission.ledger = await loop.run_in_executor(self._thread, Ledger, self.url)
+        self.admission.ledger = await loop.run_in_executor(
+            self._thread,
+            lambda: Ledger(self.url, lease_s=self.limits.lease_s, flush_s=self.limits.flush_s),
+        )
         await self.refresh()
         self._task = asyncio.create_task(self._poll())
 

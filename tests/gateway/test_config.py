@@ -97,3 +97,11 @@ def test_default_route_chain_and_other_policies_own_defaults(tmp_path):
     assert load_settings(path).router.params == {}  # not the session chain's params
     path.write_text("router: {params: {base: classifier}}\n")
     assert load_settings(path).router.params == {"base": "classifier"}  # replaced as a whole
+
+
+def test_budget_lease_and_flush_are_settings(tmp_path):
+    s = load_settings(write(tmp_path, "limits: {lease_s: 10, flush_s: 1.0}\n"))
+    assert (s.limits.lease_s, s.limits.flush_s) == (10.0, 1.0)
+    assert (load_settings(None).limits.lease_s, load_settings(None).limits.flush_s) == (30.0, 0.5)
+    with pytest.raises(ValidationError, match=r"an eighth of limits\.lease_s"):
+        load_settings(write(tmp_path, "limits: {lease_s: 4, flush_s: 1.0}\n"))

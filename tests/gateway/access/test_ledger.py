@@ -190,3 +190,26 @@ def test_a_reservation_whose_waiter_left_is_given_back(store_url: str):
             ledger.close()
 
     asyncio.run(scenario())
+
+
+def test_settled_usage_reaches_the_store_every_flush_s(store_url: str):
+    """`limits.flush_s` is how stale the other replicas' view of spent usage can be."""
+    upgrade(store_url)
+    day = Counter("t", "", "2026-12-02", "tokens", 10**9)
+
+    async def spent_after(flush_s: float, wait_s: float) -> int:
+        ledger = Ledger(store_url, lease_s=max(30.0, 8 * flush_s), flush_s=flush_s)
+        before = rows(store_url).get(("", "tokens"), (0, 0))[0]
+        try:
+            assert isinstance(await ledger.reserve([(day, 50)]), list)
+            ledger.settle([(day, 50, 30)])
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and rows(store_url)[("", "tokens")][0] == before:
+                await asyncio.sleep(0.05)
+            return rows(store_url)[("", "tokens")][0]
+        finally:
+            ledger.close()
+
+    assert asyncio.run(spent_after(60.0, 1.5)) == 0  # written only at close
+    assert rows(store_url)[("", "tokens")][0] == 30
+    assert asyncio.run(spent_after(0.2, 10.0)) == 60  # a flush came while it was open
