@@ -18,6 +18,7 @@ from gateway.recording.recorder import Recorder
 from gateway.routing.calibration import TokenCalibrator
 from gateway.routing.control import ControlPlane, ControlSync
 from gateway.routing.sessions import RouteSessions
+from gateway.store.worker import StoreWorker
 from gateway.telemetry import build_tracer_provider
 from gateway.upstream.dispatch import Dispatcher
 from gateway.upstream.pool import TierPool
@@ -39,17 +40,21 @@ class Services:
         self.metrics = metrics or Metrics()
         self.auth = Authenticator(settings.auth)
         self.admission = Admission(self.auth, self.metrics, settings.limits.reserve_max_tokens)
+        # one thread and engine for the copies below (gateway.store.worker)
+        self.store_worker = StoreWorker(settings.store.url) if settings.store.enabled else None
         # keys, limits and budgets in the store (gateway.access); config-file keys without it
         self.access = (
-            AccessSync(settings, self.auth, self.admission) if settings.store.enabled else None
+            AccessSync(settings, self.auth, self.admission, self.store_worker)
+            if self.store_worker is not None
+            else None
         )
         # routing versions and kill switches: the config file's router until the store says
         # otherwise (gateway.routing.control)
         self.control = ControlPlane(settings.router)
         self.auth.suspended = self.control.tenant_off
         self.control_sync = (
-            ControlSync(settings.store.url, self.control, settings.auth.refresh_s)
-            if settings.store.enabled
+            ControlSync(self.store_worker, self.control, settings.auth.refresh_s)
+            if self.store_worker is not None
             else None
         )
         self.route_sessions = RouteSessions(
@@ -90,9 +95,11 @@ class Services:
     async def start(self) -> None:
         if self.recorder is not None:
             await self.recorder.start()
-        if self.access is not None:  # after the recorder, which migrates the store
+        if self.store_worker is not None:  # after the recorder, which migrates the store
+            await self.store_worker.open()
+        if self.access is not None:
             await self.access.start()
-        if self.control_sync is not None:  # after the recorder, which migrates the store
+        if self.control_sync is not None:
             await self.control_sync.start()
         sb = self.settings.sandbox
         if sb.enabled and sb.token is not None:  # run by `serve`, or a sandbox deployed apart
@@ -123,6 +130,8 @@ class Services:
             await self.access.close()
         if self.control_sync is not None:
             await self.control_sync.close()
+        if self.store_worker is not None:
+            await self.store_worker.close()
         shutdown = getattr(self.tracer_provider, "shutdown", None)
         if shutdown is not None:
             shutdown()

@@ -17,19 +17,17 @@ every step of one agent run is routed by the same version.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection
 
 from gateway.config import RouterSettings
 from gateway.store import control
-from gateway.store.database import make_engine
+from gateway.store.worker import StoreWorker
 from router import Policy, Tier, build_policy
 
 log = logging.getLogger(__name__)
@@ -126,45 +124,32 @@ class ControlPlane:
 class ControlSync:
     """Keeps a ``ControlPlane`` in step with the store."""
 
-    def __init__(self, url: str, plane: ControlPlane, refresh_s: float) -> None:
-        self.url, self.plane, self.refresh_s = url, plane, refresh_s
-        self._engine: Engine | None = None
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="gearshift-control")
+    def __init__(self, worker: StoreWorker, plane: ControlPlane, refresh_s: float) -> None:
+        self.worker, self.plane, self.refresh_s = worker, plane, refresh_s
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """After the store's schema is ready (the recorder migrates it)."""
-        loop = asyncio.get_running_loop()
-        self._engine = await loop.run_in_executor(self._thread, make_engine, self.url)
+        """After the store's schema is ready (the recorder migrates it) and the worker is
+        open."""
         await self.refresh()
-        self._task = asyncio.create_task(self._poll(), name="control-sync")
+        self._task = self.worker.every(self.refresh_s, self.refresh, "control plane")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        if self._engine is not None:
-            self._engine.dispose()
-            self._engine = None
-        self._thread.shutdown(wait=True)
+        await self.worker.cancel(self._task)
+        self._task = None
 
     async def refresh(self) -> bool:
         """Reload when the store's events moved; True when it did."""
-        return await asyncio.get_running_loop().run_in_executor(self._thread, self._refresh)
+        return await self.worker.call(self._refresh, write=False)
 
-    def _refresh(self) -> bool:
-        engine = self._engine
-        assert engine is not None
-        with engine.connect() as conn:
-            ids = control.changes(conn)
-            if ids == self.plane.event_ids:
-                return False
-            state = control.state(conn)
-            wanted = [v for v in (state.published, state.canary) if v is not None]
-            configs = control.version_configs(conn, wanted)
-            switches = control.switches(conn, active_only=True)
+    def _refresh(self, conn: Connection) -> bool:
+        ids = control.changes(conn)
+        if ids == self.plane.event_ids:
+            return False
+        state = control.state(conn)
+        wanted = [v for v in (state.published, state.canary) if v is not None]
+        configs = control.version_configs(conn, wanted)
+        switches = control.switches(conn, active_only=True)
         self.plane.apply(state, configs, switches, ids)
         log.info(
             "control plane: routing version %s%s, kill switches %s",
@@ -176,26 +161,10 @@ class ControlSync:
         )
         return True
 
-    async def _poll(self) -> None:
-        while True:
-            await asyncio.sleep(self.refresh_s)
-            try:
-                await self.refresh()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the store away, a version that no longer builds
-                log.warning("control plane not refreshed (the last state stays): %s", exc)
-
     async def call(self, fn: Callable[[Any], Any]) -> Any:
-        """Run ``fn(conn)`` in one transaction on this sync's thread (the admin API's writes),
-        then refresh at once so this replica applies its own change without waiting."""
-        engine = self._engine
-        assert engine is not None
-
-        def run() -> Any:
-            with engine.begin() as conn:
-                return fn(conn)
-
-        out = await asyncio.get_running_loop().run_in_executor(self._thread, run)
+        """Run ``fn(conn)`` in one transaction on the store's thread (the admin API's
+        writes), then refresh at once so this replica applies its own change without
+        waiting."""
+        out = await self.worker.call(fn)
         await self.refresh()
         return out

@@ -11,6 +11,7 @@ from gateway.config import RouterSettings
 from gateway.routing.control import ControlPlane, ControlSync, bucket
 from gateway.store import control
 from gateway.store.database import make_engine, upgrade
+from gateway.store.worker import StoreWorker
 
 A = {"policy": "length_threshold", "params": {"threshold_tokens": 100}}
 B = {"policy": "length_threshold", "params": {"threshold_tokens": 900}}
@@ -95,8 +96,10 @@ def test_a_canary_is_sticky_per_session_and_takes_its_share():
 def test_replicas_follow_the_store_within_their_refresh(engine, store_url):
     async def scenario():
         planes = [ControlPlane(RouterSettings(policy="length_threshold")) for _ in range(2)]
-        syncs = [ControlSync(store_url, p, refresh_s=0.05) for p in planes]
-        for s in syncs:
+        workers = [StoreWorker(store_url) for _ in planes]  # two replicas: one worker each
+        syncs = [ControlSync(w, p, refresh_s=0.05) for w, p in zip(workers, planes, strict=True)]
+        for w, s in zip(workers, syncs, strict=True):
+            await w.open()
             await s.start()
         try:
             assert all(p.published is p.base for p in planes)
@@ -122,7 +125,8 @@ def test_replicas_follow_the_store_within_their_refresh(engine, store_url):
             await syncs[0].refresh()
             assert {planes[0].choose(f"s{i}").id for i in range(200)} == {b}
         finally:
-            for s in syncs:
+            for w, s in zip(workers, syncs, strict=True):
                 await s.close()
+                await w.close()
 
     asyncio.run(scenario())
