@@ -20,7 +20,7 @@ held-out figures. Nothing here loads an encoder or calls the network.
 
 from __future__ import annotations
 
-import heapq
+import functools
 import itertools
 import json
 import math
@@ -62,10 +62,10 @@ def _tool_params(body: Mapping[str, Any]) -> int:
         return 0
     total = 0
     for tool in tools[:MAX_TOOLS]:
-        fn = tool.get("function") if isinstance(tool, Mapping) else None
-        params = fn.get("parameters") if isinstance(fn, Mapping) else None
-        props = params.get("properties") if isinstance(params, Mapping) else None
-        if isinstance(props, Mapping):
+        fn = tool.get("function") if isinstance(tool, dict | Mapping) else None
+        params = fn.get("parameters") if isinstance(fn, dict | Mapping) else None
+        props = params.get("properties") if isinstance(params, dict | Mapping) else None
+        if isinstance(props, dict | Mapping):
             total += len(props)
     return total
 
@@ -81,8 +81,7 @@ def dense_features(
     ``analyse(body)`` when the caller has it already."""
     step = step or analyse(body)
     raw = step.features
-    text = _ends(step.text, TEXT_SCAN)
-    numbers = NUMBER.findall(text)
+    numbers, long_numbers, words = _text_counts(step.text)
     choice = body.get("tool_choice")
     x = {
         "log_prompt_tokens": math.log1p(raw["prompt_tokens"]),
@@ -97,9 +96,9 @@ def dense_features(
         "forced_tool": raw["forced_tool"],
         "tool_choice_auto": float(raw["tools_offered"] > 0 and choice in (None, "auto")),
         "reasoning_effort": raw["reasoning_effort"],
-        "log_numbers": math.log1p(len(numbers)),
-        "log_long_numbers": math.log1p(sum(1 for n in numbers if len(n) >= 3)),
-        "log_words": math.log1p(len(text.split())),
+        "log_numbers": math.log1p(numbers),
+        "log_long_numbers": math.log1p(long_numbers),
+        "log_words": math.log1p(words),
         "log_tool_params": math.log1p(_tool_params(body)),
         "session_fast_failures": float(min(session.fast_failures, 3)) if session else 0.0,
         "session_escalations": float(min(session.escalations, 3)) if session else 0.0,
@@ -107,13 +106,38 @@ def dense_features(
     return x, raw
 
 
+# An agent's steps share their last user message (the task) while its tool loop runs: what
+# the classifier reads of that text is kept, by the text, for the steps after the first.
+TEXT_CACHE = 1024
+
+
+@functools.lru_cache(maxsize=TEXT_CACHE)
+def _text_counts(text: str) -> tuple[int, int, int]:
+    """(numbers, numbers of 3 digits or more, words) in ``text``'s ends."""
+    text = _ends(text, TEXT_SCAN)
+    numbers = NUMBER.findall(text)
+    return len(numbers), sum(1 for n in numbers if len(n) >= 3), len(text.split())
+
+
 def ngrams(body: Mapping[str, Any], step: Step | None = None) -> set[str]:
     """The unigrams and bigrams of the last user message that the classifier hashes."""
-    text = (step or analyse(body)).text
+    return _ngrams((step or analyse(body)).text)
+
+
+def _ngrams(text: str) -> set[str]:
     tokens = _ends(text, TEXT_SCAN).lower().translate(TOKENIZE).split()
     grams = set(tokens)
     grams.update(map(" ".join, itertools.pairwise(tokens)))
     return grams
+
+
+Terms = tuple[tuple[str, float], ...]
+
+
+def _top(contributions: Sequence[tuple[str, float]]) -> list[tuple[str, float]]:
+    """The three largest contributions by size, ties by name: a total order, so the top
+    three of a union are the top three of the parts' top threes."""
+    return sorted(contributions, key=lambda kv: (-abs(kv[1]), kv[0]))[:3]
 
 
 def bucket(gram: str, bits: int) -> int:
@@ -165,6 +189,23 @@ class Classifier:
         missing = set(DENSE) - set(self.dense) | set(DENSE) - set(self.mean)
         if missing:
             raise ValueError(f"router model lacks weights for {sorted(missing)}")
+        self._text_terms = functools.lru_cache(maxsize=TEXT_CACHE)(self._hashed_terms)
+
+    def _hashed_terms(self, text: str) -> tuple[Terms, Terms]:
+        """The hashed n-grams of ``text`` (the last user message) and their contributions
+        to the logit; and the largest three of them (``_top``)."""
+        grams = _ngrams(text)
+        if not grams:
+            return (), ()
+        weight = 1.0 / math.sqrt(len(grams))
+        mask = (1 << self.bits) - 1
+        hashed = self.hashed
+        terms = []
+        for gram in grams:
+            w = hashed.get(zlib.crc32(gram.encode()) & mask)
+            if w:
+                terms.append(("text:" + gram, w * weight))
+        return tuple(terms), tuple(_top(terms))
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_MODEL) -> Classifier:
@@ -195,17 +236,9 @@ class Classifier:
             (name, self.dense[name] * standardize(x[name], self.mean[name], self.scale[name]))
             for name in DENSE
         ]
-        grams = ngrams(body, step)
-        if grams:
-            weight = 1.0 / math.sqrt(len(grams))
-            mask = (1 << self.bits) - 1
-            hashed = self.hashed
-            for gram in grams:
-                w = hashed.get(zlib.crc32(gram.encode()) & mask)
-                if w:
-                    contributions.append(("text:" + gram, w * weight))
+        text, text_top = self._text_terms(step.text)
         # fsum is exact, so the result does not depend on the (hash-seeded) order of the set
-        z = math.fsum([self.bias, *(c for _, c in contributions)])
+        z = math.fsum([self.bias, *(c for _, c in contributions), *(c for _, c in text)])
         p = 1.0 / (1.0 + math.exp(-max(-30.0, min(30.0, z))))
-        top = heapq.nsmallest(3, contributions, key=lambda kv: (-abs(kv[1]), kv[0]))
+        top = _top([*contributions, *text_top])  # the text's own top 3 stand for all of it
         return Prediction(p, tuple((k, round(v, 3)) for k, v in top), {**raw, **x})

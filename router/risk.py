@@ -55,9 +55,9 @@ def classify(name: str, overrides: Mapping[str, Risk] | None = None) -> Risk:
 
 
 def _name(tool: object) -> str | None:
-    if isinstance(tool, Mapping):
+    if isinstance(tool, dict | Mapping):
         fn = tool.get("function")
-        if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+        if isinstance(fn, dict | Mapping) and isinstance(fn.get("name"), str):
             return str(fn["name"])
     return None
 
@@ -71,7 +71,7 @@ def pending(
     choice = body.get("tool_choice")
     if choice == "none":
         return None
-    named = _name(choice) if isinstance(choice, Mapping) else None
+    named = _name(choice) if isinstance(choice, dict | Mapping) else None
     if named is not None:
         return classify(named, overrides), named
     if not offered and choice != "required":

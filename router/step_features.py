@@ -9,6 +9,7 @@ same mapping; ``Decision.features`` carries them.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,9 +41,10 @@ MATH_HINTS = (
 )
 DOLLARS = re.compile(r"\$[^$\n]{1,200}\$")
 ARITHMETIC = re.compile(r"\d[ ]{0,4}[-+*/^][ ]{0,4}\d")
-TOOL_ERROR = re.compile(
-    r"^\s{0,16}(error|traceback|exception|permission denied)|\"error\"\s{0,4}:", re.I
-)
+# a tool result that starts as an error does, or holds an "error" key (one C pass over the
+# lower-cased text finds whether it may, before the pattern looks)
+TOOL_ERROR_START = re.compile(r"\s{0,16}(error|traceback|exception|permission denied)", re.I)
+TOOL_ERROR_KEY = re.compile(r"\"error\"\s{0,4}:")
 SCAN = 2048
 
 
@@ -59,14 +61,30 @@ def has_math(text: str) -> bool:
     return ARITHMETIC.search(text) is not None
 
 
+def tool_error(text: str) -> bool:
+    """Whether a tool result (its first SCAN characters) reads as a failure."""
+    text = text[:SCAN]
+    if TOOL_ERROR_START.match(text) is not None:
+        return True
+    low = text.lower()
+    return '"error"' in low and TOOL_ERROR_KEY.search(low) is not None
+
+
+@functools.lru_cache(maxsize=1024)
+def _code_math(text: str) -> tuple[bool, bool]:
+    """``has_code`` and ``has_math`` of a user message, kept by its text: an agent's steps
+    share their last user message (the task) while its tool loop runs."""
+    return has_code(text), has_math(text)
+
+
 EFFORT = {"minimal": 0.0, "low": 0.0, "medium": 1.0, "high": 2.0}
 
 
 def _text(content: object) -> str:
     if isinstance(content, str):
         return content
-    if isinstance(content, Sequence):
-        texts = (p.get("text") for p in content if isinstance(p, Mapping))
+    if isinstance(content, list | Sequence):
+        texts = (p.get("text") for p in content if isinstance(p, dict | Mapping))
         return " ".join(t for t in texts if isinstance(t, str))
     return ""
 
@@ -91,7 +109,11 @@ def analyse(
     """The step's features; ``tokens`` estimates its prompt tokens (``router.tokens``)
     unless the caller knows them better (``prompt_tokens``: ``Analysis.prompt_tokens``)."""
     messages = body.get("messages")
-    msgs = [m for m in messages if isinstance(m, Mapping)] if isinstance(messages, Sequence) else []
+    msgs = (
+        [m for m in messages if isinstance(m, dict | Mapping)]
+        if isinstance(messages, list | Sequence)
+        else []
+    )
     last_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=-1)
     tail = msgs[last_user + 1 :]
     tool_msgs = [m for m in tail if m.get("role") == "tool"]
@@ -115,11 +137,11 @@ def analyse(
         "user_turns": float(sum(1 for m in msgs if m.get("role") == "user")),
         "tools_offered": float(len(body.get("tools") or ())),
         "tool_loop_depth": float(sum(1 for m in tail if m.get("role") == "assistant" and m.get("tool_calls"))),
-        "last_tool_error": float(bool(tool_msgs) and bool(TOOL_ERROR.search(_text(tool_msgs[-1].get("content"))[:SCAN]))),
-        "code": float(has_code(user_text)),
-        "math": float(has_math(user_text)),
-        "structured_output": float(isinstance(fmt, Mapping) and fmt.get("type") in ("json_schema", "json_object")),
-        "forced_tool": float(choice == "required" or isinstance(choice, Mapping)),
+        "last_tool_error": float(bool(tool_msgs) and tool_error(_text(tool_msgs[-1].get("content")))),
+        "code": float(_code_math(user_text)[0]),
+        "math": float(_code_math(user_text)[1]),
+        "structured_output": float(isinstance(fmt, dict | Mapping) and fmt.get("type") in ("json_schema", "json_object")),
+        "forced_tool": float(choice == "required" or isinstance(choice, dict | Mapping)),
         "max_tokens": float(limit) if isinstance(limit, int) else 0.0,
         "reasoning_effort": EFFORT.get(str(body.get("reasoning_effort")), 0.0),
     }, user_text, sizes)  # fmt: skip

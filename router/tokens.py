@@ -160,7 +160,7 @@ def _content(content: object, texts: list[str]) -> int:
     chars = 0
     if isinstance(content, list):
         for part in content:
-            text = part.get("text") if isinstance(part, Mapping) else None
+            text = part.get("text") if isinstance(part, dict | Mapping) else None
             if isinstance(text, str):
                 texts.append(text)
                 chars += len(text)
@@ -214,15 +214,15 @@ def counts(body: Mapping[str, Any]) -> Counts:
             )
         return Counts()
     chars, calls, json_chars, plain = 0, 0, 0, 0
-    msgs = [m for m in messages if isinstance(m, Mapping)]
+    msgs = [m for m in messages if isinstance(m, dict | Mapping)]
     for m in msgs:
         chars += _content(m.get("content"), texts)
         tool_calls = m.get("tool_calls")
         plain += m.get("role") != "tool" and not (isinstance(tool_calls, list) and tool_calls)
         if isinstance(tool_calls, list):
             for call in tool_calls:
-                fn = call.get("function") if isinstance(call, Mapping) else None
-                if not isinstance(fn, Mapping):
+                fn = call.get("function") if isinstance(call, dict | Mapping) else None
+                if not isinstance(fn, dict | Mapping):
                     continue
                 calls += 1
                 name, args = fn.get("name"), fn.get("arguments")
@@ -259,7 +259,7 @@ FINGERPRINT_CALLS = 16
 def fingerprint(message: object) -> int:
     """A cheap identity for one message (role, text, tool calls): bounded work whatever its
     size. In-process only (Python's string hash is seeded per process)."""
-    if not isinstance(message, Mapping):
+    if not isinstance(message, dict | Mapping):
         return 0
     texts: list[str] = []
     _content(message.get("content"), texts)
@@ -269,8 +269,8 @@ def fingerprint(message: object) -> int:
     parts += (text[:FINGERPRINT_CHARS], text[-FINGERPRINT_CHARS:])
     if isinstance(calls, list):
         for call in calls[:FINGERPRINT_CALLS]:
-            fn = call.get("function") if isinstance(call, Mapping) else None
-            if isinstance(fn, Mapping):
+            fn = call.get("function") if isinstance(call, dict | Mapping) else None
+            if isinstance(fn, dict | Mapping):
                 args = fn.get("arguments")
                 args = args if isinstance(args, str) else str(_json_len(args))
                 parts += (fn.get("name"), args[:FINGERPRINT_CHARS], len(args))

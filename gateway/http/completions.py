@@ -11,13 +11,14 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from gateway.errors import GatewayError
-from gateway.http.body import read_json_raw, validated
+from gateway.http.body import read_json_raw
 from gateway.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     SamplingFields,
     note_unknown_fields,
 )
+from gateway.http.session_validation import SessionValidator
 from gateway.pipeline.handler import CompletionPipeline
 from gateway.pipeline.request import ParsedRequest, RequestIdentity
 from gateway.pipeline.services import Services
@@ -34,6 +35,7 @@ class Completions:
         self.services = services
         self.pipeline = CompletionPipeline(services)
         self._unknown_fields: set[str] = set()  # already logged as forwarded unknown
+        self.validator = SessionValidator()  # a named session's history is validated once
 
     async def __call__(
         self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint, request_id: str,
@@ -53,11 +55,12 @@ class Completions:
         headers = request.headers
         principal = self.services.auth.authenticate(headers.get("authorization"))
         raw, body = await read_json_raw(request, self.services.settings.limits.max_body_bytes)
-        validated(body, VALIDATORS[endpoint])
+        session_id = headers.get("x-session-id") or body.get("user")
+        named = (principal.tenant, session_id) if isinstance(session_id, str) else None
+        self.validator.validate(body, VALIDATORS[endpoint], named, len(raw))
         note_unknown_fields(endpoint, body, self._unknown_fields)
         who = RequestIdentity(
             request_id, t0, endpoint, body["model"], principal.tenant, principal.key_name,
-            headers.get("x-session-id") or body.get("user"), headers.get("x-gearshift-task-id"),
-            headers.get("x-gearshift-group-id"),
+            session_id, headers.get("x-gearshift-task-id"), headers.get("x-gearshift-group-id"),
         )  # fmt: skip
         return ParsedRequest(who, body, raw)

@@ -122,6 +122,23 @@ def test_malformed_chat_requests(gateway, body, status, param, says):
     assert not upstream.requests
 
 
+def test_a_named_sessions_next_step_is_validated_too(gateway):
+    """A session's repeated history is not validated again; its new messages are, and the
+    error names them where the whole body has them."""
+    stack, upstream = gateway
+    history = [*MESSAGES, {"role": "assistant", "content": "hello"}]
+    session = {"x-session-id": "s-1"}
+    first = httpx.post(
+        stack.url + "/v1/chat/completions", json={"model": "full", "messages": history},
+        headers=session,
+    )  # fmt: skip
+    assert first.status_code == 200, first.text
+    bad = {"model": "full", "messages": [*history, {"role": "user", "content": 5}]}
+    r = httpx.post(stack.url + "/v1/chat/completions", json=bad, headers=session)
+    assert_openai_error(r, 400, param="messages.2.content", says="valid string")
+    assert len(upstream.requests) == 1
+
+
 def test_bad_completions_prompt(gateway):
     stack, _ = gateway
     assert_openai_error(

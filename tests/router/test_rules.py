@@ -57,6 +57,28 @@ def test_code_and_math_markers(text, code, math):
     assert (f["code"], f["math"]) == (code, math)
 
 
+@pytest.mark.parametrize(
+    ("result", "failed"),
+    [
+        ("Error: no such file", True),
+        ("   TRACEBACK (most recent call last):", True),
+        ("permission denied", True),
+        ('{"ok": false, "ERROR" :  "boom"}', True),
+        ('{"error":1}', True),
+        ("x" * 3000 + '"error": 1', False),  # past the first SCAN characters
+        ("the error was fixed", False),
+        ('{"errors": []}', False),
+        ("", False),
+    ],
+)
+def test_a_failed_tool_result(result, failed):
+    tool = {"role": "tool", "tool_call_id": "c1", "content": result}
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [{"role": "user", "content": "go"}, {"role": "assistant", "tool_calls": [call]}]
+    f = step_features({"messages": [*messages, tool]})
+    assert f["last_tool_error"] == float(failed)
+
+
 def test_client_asks():
     f = step_features(chat(USER, response_format={"type": "json_object"}, tool_choice="required",
                            max_tokens=64, reasoning_effort="high"))  # fmt: skip
