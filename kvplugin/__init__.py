@@ -36,7 +36,7 @@ def install_worker_hooks(config: CompactionConfig) -> None:
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
-    from kvplugin import metrics, worker
+    from kvplugin import metrics, stream, worker
 
     if not getattr(CPUAttentionBackendImpl.forward, "_gearshift_kv", False):
         CPUAttentionBackendImpl.forward = worker.attention_forward(CPUAttentionBackendImpl.forward)
@@ -45,6 +45,7 @@ def install_worker_hooks(config: CompactionConfig) -> None:
     if not getattr(CPUModelRunner.sample_tokens, "_gearshift_kv", False):
         CPUModelRunner.sample_tokens = worker.sample_tokens(CPUModelRunner.sample_tokens)
     metrics.install_frontend_hook()
+    stream.install_stream_hooks()
 
 
 def hooks_installed() -> bool:

@@ -241,7 +241,7 @@ class CompletionPipeline:
             return end, None, None, stopped
         choices = capture.choices()
         captured = (
-            Captured(capture.prompt_token_ids, choices, capture.model)
+            Captured(capture.prompt_token_ids, choices, capture.model, end.kv_compaction)
             if upstream.wants is not None
             else None
         )

@@ -26,7 +26,7 @@ class Captured:
     prompt_token_ids: list[int] | RawJson | None
     choices: list[ChoiceCapture]
     model: str | None
-    # the engine compacted this request's KV cache (kvplugin's record; non-streamed answers)
+    # the engine compacted this request's KV cache (kvplugin's record)
     kv_compaction: dict[str, Any] | None = None
 
 

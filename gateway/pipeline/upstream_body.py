@@ -6,7 +6,9 @@ The client's body is copied, never changed: every parameter it sent reaches vLLM
 
 * recording asks for the exact token ids and the sampled tokens' log-probabilities
   (``gateway.recording.capture.prepare``);
-* a stream asks for its usage chunk (metrics and recording need the counts).
+* a stream asks for its usage chunk (metrics and recording need the counts); the relay
+  drops it and moves its ``system_fingerprint`` onto the finishing chunks, where vLLM puts
+  it for a client that did not ask for usage (``gateway.upstream.relay_filter``).
 
 The model name is the serving tier's, so the payload is serialised per tier the request
 is sent to (once each: a retry on the same tier reuses the bytes).

@@ -7,34 +7,31 @@ error event and ``[DONE]``, and (3) account for the time spent waiting on the re
 that overhead figures stay honest. Events that arrive together (speculative decoding sends
 several tokens per chunk) are forwarded in one write.
 
-``StreamRelay.run`` returns a ``StreamEnd``; it calls nothing back. Events pass through an
-optional ``rewrite`` (recording's capture, which may strip fields the client did not ask
-for) on their way out.
+``StreamRelay.run`` returns a ``StreamEnd``; it calls nothing back. Events pass through
+``gateway.upstream.relay_filter`` (which takes out what the gateway added to the stream,
+keeping the usage and the engine's KV-compaction record) and an optional ``rewrite``
+(recording's capture, which may strip fields the client did not ask for) on their way out.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from starlette.types import Receive, Send
 
 from gateway.config import TimeoutSettings
 from gateway.errors import GatewayError, UpstreamTimeout, UpstreamUnreachable
 from gateway.upstream.dispatch import Attempts, OpenStream
-from gateway.upstream.sse import DONE, error_event, split_events
+from gateway.upstream.relay_filter import EventFilter
+from gateway.upstream.sse import error_event, split_events
 from gateway.upstream.transport import translated
 
 log = logging.getLogger(__name__)
-
-USAGE_MARK = b'"usage":{'
-EMPTY_CHOICES = b'"choices":[]'
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +44,8 @@ class StreamEnd:
     error_kind: str | None = None  # set when it failed after its first byte
     error: str | None = None
     client_gone: bool = False
+    # kvplugin's record: the engine compacted this request's KV cache
+    kv_compaction: dict[str, Any] | None = None
 
 
 class StreamRelay:
@@ -65,12 +64,9 @@ class StreamRelay:
         self._headers = list(headers)
         self._timeouts = timeouts
         self._attempts = attempts
-        self._strip_usage = strip_usage
-        self._rewrite = rewrite
+        self._filter = EventFilter(strip_usage=strip_usage, rewrite=rewrite)
         self._request_id = request_id
-        self._saw_done = False
         self._first_byte_at: float | None = None
-        self._usage: dict[str, Any] = {}
 
     async def run(self, receive: Receive, send: Send) -> StreamEnd:
         """Relay until ``[DONE]``, an upstream failure or the client's departure."""
@@ -100,42 +96,24 @@ class StreamRelay:
 
     def ended(self, failure: GatewayError | None, *, client_gone: bool = False) -> StreamEnd:
         """How the stream ended; also what a caller cancelled mid-stream reports."""
+        usage = self._filter.usage
         return StreamEnd(
             self._first_byte_at,
-            _int(self._usage.get("prompt_tokens")),
-            _int(self._usage.get("completion_tokens")),
+            _int(usage.get("prompt_tokens")),
+            _int(usage.get("completion_tokens")),
             (failure.code or failure.type) if failure is not None else None,
             failure.message if failure is not None else None,
             client_gone,
+            self._filter.kv_compaction,
         )
 
     def _close_upstream(self) -> None:
         s = self._stream
         s.replica.in_flight -= 1
-        if self._saw_done:
+        if self._filter.saw_done:
             s.response.release()
         else:
             s.response.close()  # aborts the request on the replica: vLLM stops generating
-
-    def _filter(self, events: list[bytes]) -> bytes:
-        out: list[bytes] = []
-        for ev in events:
-            if ev == DONE:
-                self._saw_done = True
-                out.append(ev)
-                continue
-            if USAGE_MARK in ev:
-                self._note_usage(ev)
-                if self._strip_usage and EMPTY_CHOICES in ev:
-                    continue  # the usage chunk the gateway asked for, not the client
-            out.append(ev if self._rewrite is None else self._rewrite(ev))
-        return b"".join(out)
-
-    def _note_usage(self, event: bytes) -> None:
-        with contextlib.suppress(orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
-            usage = orjson.loads(event[5:])["usage"]
-            if isinstance(usage, dict):
-                self._usage = usage
 
     async def _relay(self, send: Send) -> GatewayError | None:
         """Forward events; returns the failure when the stream ended badly."""
@@ -151,9 +129,8 @@ class StreamRelay:
                 "stream %s failed after its first byte: %s", self._request_id, failure.message
             )
             s.replica.breaker.record_failure()  # dispatch counted a success at the first event
-            await send(
-                {"type": "http.response.body", "body": error_event(failure), "more_body": False}
-            )
+            body = self._filter.flush() + error_event(failure)
+            await send({"type": "http.response.body", "body": body, "more_body": False})
             return failure
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return None
@@ -163,7 +140,7 @@ class StreamRelay:
         buf = s.rest
         chunks = s.response.content.iter_any()
         try:
-            while not self._saw_done:
+            while not self._filter.saw_done:
                 chunk = await self._read(chunks)
                 if chunk is None:
                     break
@@ -182,7 +159,7 @@ class StreamRelay:
             )
         except GatewayError as exc:
             return exc
-        if not self._saw_done:
+        if not self._filter.saw_done:
             return UpstreamUnreachable(f"replica {s.replica.url} ended the stream before [DONE]")
         return None
 

@@ -88,10 +88,11 @@ def test_long_prompts_are_compacted_and_answered(compacting_stack: RealStack) ->
     with ThreadPoolExecutor(3) as pool:  # two long prompts and a short one at once
         answers = list(pool.map(chat, [ask(first), ask(history(2)), SHORT]))
     assert answers[2] == short_alone  # the uncompacted neighbour is unaffected
-    # a prompt sharing the first one's prefix, then the first one again: the compacted
-    # blocks never entered the prefix cache, so the repeat is compacted the same way
+    # a prompt sharing the first one's prefix, then the first one again, streamed: the
+    # compacted blocks never entered the prefix cache, so the repeat is compacted the same way
     chat(ask(first + "\n" + history(3, 20)))
-    assert chat(ask(first)) == answers[0]
+    repeat, repeat_id = streamed(client, ask(first))
+    assert repeat == answers[0]
     log = full_log(compacting_stack)
     kept = [
         (int(k), int(n))
@@ -106,6 +107,11 @@ def test_long_prompts_are_compacted_and_answered(compacting_stack: RealStack) ->
     prompt = features["kv_compaction_prompt_tokens"]
     assert features["kv_compaction_kept_tokens"] == -(-prompt // 2) and prompt > 1024
     assert "kv_compaction_kept_tokens" not in (steps[SHORT[0]["content"]]["features"] or {})
+    # the streamed repeat's step says the same (the engine's record chunk, read by the gateway)
+    again = recorded_step(compacting_stack, repeat_id)["features"]
+    assert {k: v for k, v in again.items() if k.startswith("kv_compaction_")} == {
+        k: v for k, v in features.items() if k.startswith("kv_compaction_")
+    }
     # vLLM's /metrics carries the plugin's counters, and the gateway re-exports them per tier
     engine = httpx.get(compacting_stack.full_url + "/metrics", timeout=30).text
     figures = {
@@ -120,6 +126,18 @@ def test_long_prompts_are_compacted_and_answered(compacting_stack: RealStack) ->
     while scraped(compacting_stack, labels) != count and time.monotonic() < deadline:
         time.sleep(0.5)
     assert scraped(compacting_stack, labels) == count
+
+
+def streamed(client: openai.OpenAI, messages: list[dict[str, str]]) -> tuple[str, str]:
+    """A streamed answer's text and step id; the client sees no chunk but its choices'."""
+    raw = client.chat.completions.with_raw_response.create(
+        model="full", messages=messages, max_tokens=24, temperature=0, stream=True,  # type: ignore[arg-type]
+    )  # fmt: skip
+    chunks = list(raw.parse())
+    assert all(c.choices and not (c.model_extra or {}) for c in chunks), chunks[-2:]
+    assert chunks[-1].system_fingerprint  # vLLM's, on the finishing chunk
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    return text, raw.headers["x-gearshift-step-id"]
 
 
 def recorded_step(stack: RealStack, step_id: str) -> dict[str, Any]:

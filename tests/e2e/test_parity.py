@@ -219,22 +219,20 @@ def test_an_echo_records_the_completions_own_tokens(real_stack):
     assert got["logprobs"] == pytest.approx(direct["logprobs"]["token_logprobs"], abs=1e-5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the gateway asks a stream for its usage chunk and drops it; vLLM puts "
-    "system_fingerprint on the usage chunk when there is one, else on each finishing chunk, "
-    "so a client that did not ask for usage never sees it (gateway/pipeline/upstream_body.py, "
-    "gateway/upstream/relay.py)",
-)
 def test_a_stream_without_usage_keeps_its_system_fingerprint(real_stack):
-    def fingerprints(url: str, model: str) -> list[str]:
+    """The gateway asks the stream for its usage chunk, where vLLM then puts the
+    fingerprint; the client, who did not ask, gets it on the finishing chunks as from vLLM."""
+
+    def fingerprints(url: str, model: str) -> list[tuple[str | None, str]]:
         body = {**CHAT, **STREAM, "model": model}
         with httpx.stream("POST", url + PATHS["chat"], json=body, timeout=120) as r:
             chunks = [orjson.loads(x[5:]) for x in r.iter_lines() if x.startswith("data: {")]
-        return [c["system_fingerprint"] for c in chunks if "system_fingerprint" in c]
+        return [(c["choices"][0]["finish_reason"] if c["choices"] else None,
+                 c["system_fingerprint"]) for c in chunks if "system_fingerprint" in c]  # fmt: skip
 
-    assert fingerprints(real_stack.full_url, FULL)
-    assert fingerprints(real_stack.url, "full")
+    direct = fingerprints(real_stack.full_url, FULL)
+    assert direct and all(finish for finish, _ in direct)
+    assert fingerprints(real_stack.url, "full") == direct
 
 
 def test_a_completion_records_its_prompt_ids(real_stack):

@@ -26,12 +26,16 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
 from vllm.v1.engine.output_processor import OutputProcessor
+from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 import kvplugin
 
 names = [e.value for e in entry_points(group="vllm.general_plugins")]
 hooks = lambda: (CPUModelRunner.execute_model, CPUModelRunner.sample_tokens,
-                 CPUAttentionBackendImpl.forward, OutputProcessor.process_outputs)
+                 CPUAttentionBackendImpl.forward, OutputProcessor.process_outputs,
+                 OpenAIServingChat.chat_completion_stream_generator,
+                 OpenAIServingCompletion.completion_stream_generator)
 hooked = lambda: [getattr(h, "_gearshift_kv", False) for h in hooks()]
 
 def load():  # as a fresh process would: vLLM's loader, then our register() from scratch
@@ -77,8 +81,8 @@ def loaded() -> dict[str, Any]:
 
 def test_entry_point_and_scheduler_classes_load_twice(loaded: dict[str, Any]) -> None:
     assert "kvplugin:register" in loaded["entry_points"]
-    # worker, attention, sampling and the API server's output processor
-    assert loaded["hooked"] is True and loaded["hooks"] == [True] * 4
+    # worker, attention, sampling, the API server's output processor and stream generators
+    assert loaded["hooked"] is True and loaded["hooks"] == [True] * 6
     assert loaded["same_after_reload"] is True  # a second load wraps nothing twice
     assert loaded["classes"] == {
         "kvplugin.scheduler.CompactingAsyncScheduler": [True, True],
@@ -87,4 +91,4 @@ def test_entry_point_and_scheduler_classes_load_twice(loaded: dict[str, Any]) ->
 
 
 def test_disabled_plugin_changes_nothing(loaded: dict[str, Any]) -> None:
-    assert loaded["disabled"] == {"hooked": False, "hooks": [False] * 4}
+    assert loaded["disabled"] == {"hooked": False, "hooks": [False] * 6}

@@ -35,6 +35,7 @@ class Behaviour:
     events: int = 5  # streamed content events
     after: int = 2  # cut/stall after this many content events (-1: before any event)
     message: dict[str, Any] | None = None  # the assistant message to answer with (non-stream)
+    kv_record: dict[str, Any] | None = None  # a stream's kvplugin record chunk (compacted)
 
 
 def ok() -> Behaviour:
@@ -201,6 +202,10 @@ class FakeUpstream:
                     )
                     + b"\n\n"
                 )
+            if b.kv_record is not None:  # as kvplugin/stream.py sends it
+                params = {"gearshift_kv_compaction": b.kv_record}
+                chunk = {"id": "chunk-fake", "choices": [], "kv_transfer_params": params}
+                yield b"data: " + orjson.dumps(chunk) + b"\n\n"
             yield b"data: [DONE]\n\n"
         except (asyncio.CancelledError, GeneratorExit):
             self.disconnects += 1

@@ -216,6 +216,15 @@ async def test_waiting_on_the_replica_counts_as_upstream_time():
     assert attempts.upstream_s >= 1.0 + 2 * 0.05
 
 
+async def test_the_engines_kv_record_reaches_the_stream_end_and_not_the_client():
+    record = {"prompt_tokens": 40, "kept_tokens": 20, "evicted_tokens": 20, "freed_blocks": 1}
+    kv = event({"choices": [], "kv_transfer_params": {"gearshift_kv_compaction": record}})
+    client = Client()
+    end = await relay(open_stream(Upstream(USAGE + kv + DONE), [content("a")]), client)
+    assert client.raw == content("a") + DONE
+    assert end.kv_compaction == record and end.prompt_tokens == 7
+
+
 # -- a stream that fails after its first byte ---------------------------------------------
 
 
@@ -242,6 +251,16 @@ async def test_a_cut_stream_ends_with_an_error_event_then_done():
     assert not end.client_gone and end.first_byte_at is not None
     assert (upstream.released, upstream.closed) == (0, 1)  # vLLM must stop generating
     assert stream.replica.in_flight == 0
+
+
+async def test_a_finishing_chunk_held_for_the_usage_chunk_goes_out_before_the_error():
+    finish = event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    cut = aiohttp.ClientPayloadError("Response payload is not completed")
+    client = Client()
+    end = await relay(open_stream(Upstream(finish, cut), [content("a")]), client)
+    assert client.bodies[-1].startswith(finish + b"data: {")
+    assert error_of(client.bodies[-1].removeprefix(finish))["code"] == "upstream_unreachable"
+    assert end.error_kind == "upstream_unreachable"
 
 
 async def test_a_cut_stream_counts_against_the_replica():
