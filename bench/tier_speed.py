@@ -59,15 +59,17 @@ def _sig(x: float) -> float:
 
 async def one_answer(
     session: aiohttp.ClientSession, arm: Arm, body: Mapping[str, Any]
-) -> tuple[float, int]:
-    """(seconds from request to the whole answer, completion tokens), greedy."""
+) -> tuple[float, int, dict[str, Any]]:
+    """(seconds from request to the whole answer, completion tokens, the answer's message),
+    greedy."""
     request = {**body, "model": arm.model, "temperature": 0, "seed": 0}
     started = time.perf_counter()
     async with session.post(arm.url + "/v1/chat/completions", json=request) as resp:
         data = await resp.json(content_type=None)
         if resp.status != 200:
             raise RuntimeError(f"{arm.name}: HTTP {resp.status}: {str(data)[:300]}")
-    return time.perf_counter() - started, int(data["usage"]["completion_tokens"])
+    seconds = time.perf_counter() - started
+    return seconds, int(data["usage"]["completion_tokens"]), data["choices"][0]["message"]
 
 
 def _rotated(arms: Sequence[Arm], k: int) -> list[Arm]:
@@ -82,8 +84,13 @@ async def measure(
     rounds: int = 1,
     warmup: bool = True,
     progress: bool = False,
+    answers: dict[str, list[dict[str, Any] | None]] | None = None,
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """``{arm: {"c1": figures, "c4": figures}}`` over ``rounds`` passes of ``bodies``."""
+    """``{arm: {"c1": figures, "c4": figures}}`` over ``rounds`` passes of ``bodies``.
+    ``answers``, when given, gets each arm's messages, in the order of ``bodies``, from the
+    first concurrency's last pass (at concurrency 1 a greedy answer is batch-free)."""
+    if answers is not None:
+        answers.update({a.name: [None] * len(bodies) for a in arms})
     tallies = {a.name: {f"c{c}": Tally() for c in concurrencies} for a in arms}
     timeout = aiohttp.ClientTimeout(total=1800)
     async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -100,8 +107,10 @@ async def measure(
                         done = await asyncio.gather(*(one_answer(session, arm, b) for b in batch))
                         tally = tallies[arm.name][f"c{c}"]
                         tally.wall += time.perf_counter() - began
-                        tally.seconds += [s for s, _ in done]
-                        tally.tokens += [n for _, n in done]
+                        tally.seconds += [s for s, _, _ in done]
+                        tally.tokens += [n for _, n, _ in done]
+                        if answers is not None and c == concurrencies[0]:
+                            answers[arm.name][start : start + len(done)] = [m for *_, m in done]
                     turn += 1
                     if progress:
                         print(f"  speed c{c}: {start + len(batch)}/{len(bodies)}", flush=True)

@@ -10,6 +10,10 @@ and quality on the locked test split, paired per task.
 after one unmeasured warm-up request each. Two workloads: ``tasks`` — the first
 ``--speed-per-family`` tasks of every family of the locked test split — and ``repetitive`` —
 ``--repetitive`` agent-like prompts whose answers repeat the prompt (``bench.tier_prompts``).
+A third, ``agentic``, replays the steps of stored multi-step tool-loop sessions
+(``--agentic``, ``bench/data/agentic_sessions.jsonl`` from ``bench.agentic_sessions``; the
+first ``--agentic-sessions``, all by default) and scores each forced tool step by whether the
+arm's call (name and parsed arguments) is the full tier's (``bench.tier_agentic``).
 Per arm: seconds per answer, requests/s, mean answer length, tokens/s; against the full
 tier: ``answer_speedup_c1`` (full's seconds per answer over the arm's), ``rps_speedup_c4``,
 ``length_ratio`` (the arm's answer length over full's) and, last and least,
@@ -35,7 +39,10 @@ the plain full model, all pinned to one core, and measures them side by side.
 sandbox) at most 48: a smoke run with no thresholds, whose scores only prove the plumbing. The last line is one
 JSON object: the headline arm's (``--headline``; the fast tier, or the first lever)
 ``answer_speedup_c1``, ``rps_speedup_c4``, ``length_ratio_c1``, ``quality_retention``,
-``quality_retention_ci_low``, and everything measured under ``arms``.
+``quality_retention_ci_low``, ``agentic_step_speedup_c1``, ``agentic_rps_speedup_c4``,
+``agentic_length_ratio_c1``, ``agentic_toolcall_agreement`` (and its ``_ci_low``), and
+everything measured under ``arms``. ``--quick`` replays the first three steps of one
+agentic session, at most 16 tokens each.
 """
 
 from __future__ import annotations
@@ -55,6 +62,8 @@ from typing import Any
 from bench.router_outcomes import header
 from bench.router_tasks import Task
 from bench.stack import embedded_stack
+from bench.tier_agentic import DATA as AGENTIC_DATA
+from bench.tier_agentic import Step, load, replay
 from bench.tier_prompts import NO_SANDBOX_SOURCES, per_family, repetitive_bodies, split_tasks
 from bench.tier_quality import Pairs, from_outcomes, paired, report, scores
 from bench.tier_speed import Arm, compare, measure
@@ -124,6 +133,30 @@ def speed_workloads(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]
     }
 
 
+def agentic_steps(args: argparse.Namespace) -> list[Step]:
+    if args.agentic_sessions == 0 or not args.agentic.exists():
+        return []
+    steps = load(args.agentic, args.agentic_sessions, 16 if args.quick else None)
+    return steps[:3] if args.quick else steps  # a smoke run: three steps of one session
+
+
+def agentic(args: argparse.Namespace, arms: Sequence[Arm], result: dict[str, Any]) -> None:
+    """The agentic workload's speed and tool-call agreement, into ``result["arms"]``."""
+    steps = agentic_steps(args)
+    if not steps:
+        return
+    began = time.perf_counter()
+    conc = [int(c) for c in args.concurrency.split(",")]
+    got = asyncio.run(replay(arms, steps, conc, not args.no_warmup, args.progress, args.boot))
+    print(f"  speed agentic: {len(steps)} steps in {time.perf_counter() - began:.0f} s", flush=True)  # fmt: skip
+    for arm in arms:
+        entry = result["arms"].setdefault(arm.name, {})
+        entry.setdefault("speed", {})["agentic"] = got[arm.name]["speed"]
+        if "agreement" in got[arm.name]:
+            entry["agentic_toolcall"] = got[arm.name]["agreement"]
+    print(json.dumps({"workload": "agentic", **got}), flush=True)
+
+
 def quality_tasks(args: argparse.Namespace, side: str) -> list[Task]:
     sources = NO_SANDBOX_SOURCES if args.quick else None
     tasks = split_tasks(side, sources)
@@ -182,6 +215,8 @@ def headline(result: dict[str, Any], name: str) -> dict[str, Any]:
     quality = arm.get("quality", {})
     greedy = quality.get("greedy") or quality.get("sampled") or {}
     ci = greedy.get("ci") or [None, None]
+    steps = arm.get("speed", {}).get("agentic", {})
+    calls = arm.get("agentic_toolcall", {})
     return {
         "headline": name,
         "answer_speedup_c1": speed.get("answer_speedup_c1"),
@@ -191,6 +226,11 @@ def headline(result: dict[str, Any], name: str) -> dict[str, Any]:
         "quality_retention_ci_low": ci[0],
         "quality_side": result["quality_side"],
         "quality_tasks": greedy.get("tasks"),
+        "agentic_step_speedup_c1": steps.get("answer_speedup_c1"),
+        "agentic_rps_speedup_c4": steps.get("rps_speedup_c4"),
+        "agentic_length_ratio_c1": steps.get("length_ratio_c1"),
+        "agentic_toolcall_agreement": calls.get("toolcall_agreement"),
+        "agentic_toolcall_agreement_ci_low": (calls.get("ci") or [None])[0],
     }
 
 
@@ -227,6 +267,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 entry = result["arms"].setdefault(arm.name, {"speed": {}})
                 entry["speed"][name] = {**figures[arm.name], **ratios[arm.name]}
             print(json.dumps({"workload": name, **{a.name: result["arms"][a.name]["speed"][name] for a in arms}}), flush=True)  # fmt: skip
+        agentic(args, arms, result)
         for side in [] if args.no_quality else sides:  # the last is the headline's
             q_tasks = quality_tasks(args, side)
             key = "quality" if side == sides[-1] else f"quality_{side}"
@@ -263,6 +304,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--speed-max", type=int, default=0, help="at most N task prompts (0: all)")
     p.add_argument("--repetitive", type=int, default=6, help="agent-like repetitive prompts")
     p.add_argument("--repetitive-tokens", type=int, default=384, help="their max_tokens")
+    p.add_argument("--agentic", type=Path, default=AGENTIC_DATA,
+                   help="stored tool-loop sessions (bench.agentic_sessions)")  # fmt: skip
+    p.add_argument("--agentic-sessions", type=int,
+                   help="replay the first N sessions (0: none; default: all)")  # fmt: skip
     p.add_argument("--concurrency", default="1,4", help="speed at these concurrencies")
     p.add_argument("--no-warmup", action="store_true", help="servers already warm")
     p.add_argument("--no-quality", action="store_true", help="speed only")
@@ -276,6 +321,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser().parse_args(argv)
     if args.quick:
         args.repetitive, args.boot = min(args.repetitive, 4), min(args.boot, 200)
+        args.agentic_sessions = (
+            1 if args.agentic_sessions is None else min(args.agentic_sessions, 1)
+        )
     result = run(args)
     print(json.dumps(result), flush=True)
     return result

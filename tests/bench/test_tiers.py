@@ -162,7 +162,9 @@ def test_a_run_ends_with_the_headline_json(capsys):
     with serve_in_thread(app) as url:
         arms = ["--arm", f"full={url}", "--arm", f"fast={url}", "--quick"]
         both = main(arms)
-        alone = main([*arms, "--speed-per-family", "0", "--repetitive", "0"])
+        alone = main(
+            [*arms, "--speed-per-family", "0", "--repetitive", "0", "--agentic-sessions", "0"]
+        )
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last == alone
     assert both["headline"] == "fast" and both["answer_speedup_c1"] > 0

@@ -29,3 +29,12 @@ def test_quick_run_reports_per_answer_speed_and_paired_quality(real_stack, capsy
     assert 0 <= greedy["full"] <= 1 and 0 <= greedy["candidate"] <= 1
     if greedy["quality_retention"] is not None:  # None when the full tier scored nothing
         assert result["quality_retention_ci_low"] <= greedy["quality_retention"]
+    # the agentic workload: three stored tool-loop steps replayed on both tiers
+    for key in ("agentic_step_speedup_c1", "agentic_rps_speedup_c4"):
+        assert result[key] > 0, key
+    agreement, low = (
+        result["agentic_toolcall_agreement"],
+        result["agentic_toolcall_agreement_ci_low"],
+    )
+    assert agreement is not None and 0 <= agreement <= 1  # the three steps include forced calls
+    assert low is None or low <= agreement  # one session: no interval to draw
