@@ -20,7 +20,8 @@ recorded step, p50/p95:
   in the meantime); ``cold_burst``: the same back to back, outrunning the refill;
 - warm: calls in one session after a first;
 - load: warm calls over 1, 2, 4, 8, 16 sessions, one call in flight each: calls/s, latency, and
-  the CPU the gateway's process tree and this client used per second of the cell.
+  the CPU the gateway's process tree and this client used per second of the cell, and per
+  call that of the tree, the gateway's own process and the sandbox service.
 
     python -m bench.sandbox [--quick] [--pool N]
 
@@ -194,11 +195,14 @@ async def _load_cell(agent: api.Agent, tool: str, c: int, total: int) -> Cell:
     r = await api.load(agent, tool, c, total)
     cell = _cell(f"{tool} load c={c}", r.latencies_ms, agent.errors - before, agent.run_ms[runs:])
     print(f"     {'':28s} {r.calls_per_s:7.1f} calls/s; gateway tree {r.server_cpu_ms_per_call:5.1f}"
-          f" CPU-ms/call, {r.server_cores:4.2f} cores; client {r.client_cores:4.2f} cores",
-          flush=True)  # fmt: skip
+          f" CPU-ms/call (gateway {r.gateway_cpu_ms_per_call:4.2f}, sandbox service"
+          f" {r.sandbox_cpu_ms_per_call:4.2f}), {r.server_cores:4.2f} cores;"
+          f" client {r.client_cores:4.2f} cores", flush=True)  # fmt: skip
     return cell | {
         "calls_per_s": round(r.calls_per_s, 1),
         "server_cpu_ms_per_call": round(r.server_cpu_ms_per_call, 2),
+        "gateway_cpu_ms_per_call": round(r.gateway_cpu_ms_per_call, 2),
+        "sandbox_cpu_ms_per_call": round(r.sandbox_cpu_ms_per_call, 2),
         "server_cores": round(r.server_cores, 2),
         "client_cores": round(r.client_cores, 2),
     }

@@ -39,7 +39,7 @@ import orjson
 import yaml
 
 from bench.mock_upstream import STREAM_RE, MockProtocol, chat_answer
-from bench.procs import start, tree_cpu_seconds
+from bench.procs import process_cpu_seconds, process_tree, start, tree_cpu_seconds
 from bench.proxies import KEY, free_port, gearshift_config
 
 TENANT = "bench"
@@ -281,6 +281,19 @@ class Load:
     server_cores: float  # the gateway's process tree (gateway, writer, sandbox, runs): CPU-s/s
     client_cores: float  # this process's CPU-s/s
     server_cpu_ms_per_call: float
+    # of it: the gateway's own process and the sandbox service's (the rest: the runs, the
+    # store's writer process)
+    gateway_cpu_ms_per_call: float
+    sandbox_cpu_ms_per_call: float
+
+
+def sandbox_service(gateway_pid: int) -> int:
+    """The pid of the sandbox service ``gearshift serve`` started (``python -m sandbox``)."""
+    for pid in process_tree(gateway_pid):
+        with contextlib.suppress(OSError):
+            if b"\0-m\0sandbox\0" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+    raise RuntimeError("the gateway runs no sandbox service")
 
 
 async def load(agent: Agent, tool: str, concurrency: int, total: int) -> Load:
@@ -297,15 +310,19 @@ async def load(agent: Agent, tool: str, concurrency: int, total: int) -> Load:
             if ms is not None:
                 latencies.append(ms)
 
-    cpu0, mine0, t0 = (
-        tree_cpu_seconds(agent.gw.proc.pid, reaped=True),
-        time.process_time(),
-        time.perf_counter(),
+    gw, sbx = agent.gw.proc.pid, sandbox_service(agent.gw.proc.pid)
+    cpu0, gw0, sbx0 = (
+        tree_cpu_seconds(gw, reaped=True),
+        process_cpu_seconds(gw),
+        process_cpu_seconds(sbx),
     )
+    mine0, t0 = time.process_time(), time.perf_counter()
     await asyncio.gather(*(worker(s) for s in sessions))
     elapsed = time.perf_counter() - t0
-    server = tree_cpu_seconds(agent.gw.proc.pid, reaped=True) - cpu0
+    server = tree_cpu_seconds(gw, reaped=True) - cpu0
+    per_call = 1000 / len(latencies)
     return Load(
         concurrency, len(latencies) / elapsed, latencies, server / elapsed,
-        (time.process_time() - mine0) / elapsed, server * 1000 / len(latencies),
+        (time.process_time() - mine0) / elapsed, server * per_call,
+        (process_cpu_seconds(gw) - gw0) * per_call, (process_cpu_seconds(sbx) - sbx0) * per_call,
     )  # fmt: skip

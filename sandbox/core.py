@@ -223,12 +223,17 @@ class Sandbox:
         root, t = session.workspace.root, session.tenant
         session.busy += 1
         try:
-            others = [s.workspace.root for s in self.sessions.values() if s.tenant == t]
-            self.workspaces.share(root, [p for p in others if p != root])
+            others = [
+                s.workspace.root
+                for s in self.sessions.values()
+                if s.tenant == t and s is not session  # identity: no path comparisons
+            ]
+            self.workspaces.share(root, others)
             result = await _run(tool, ctx, body.arguments, verdict)
         finally:
             session.busy -= 1
             session.last_used = time.monotonic()
+            self.workspaces.changed(root)
         if result.exit_status not in (0, None) and result.limit is None:
             result.limit = self.workspaces.exhausted(root)  # ENOSPC: "disk" or "inodes"
         return result

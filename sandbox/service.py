@@ -7,6 +7,8 @@
     DELETE /v1/sessions/{id}           remove it (also done after session_ttl_s idle)
     POST   /v1/tools/{name}            run a tool call: policy, faults, runtime, attestation
 
+On a Unix socket, tool calls are also taken as frames on ``<socket>.frames``
+(``sandbox.frames``: the same token, models, limits and answers, without HTTP).
 Every call but /health needs ``Authorization: Bearer <token>`` (constant-time
 comparison). Errors are ``{"error": {"message", "type", "code"}}``, translated from the
 exception tree (``sandbox.errors``) in one place, ``error_response``; a bug answers
@@ -31,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from sandbox import frames
 from sandbox.config import SandboxConfig
 from sandbox.core import Sandbox
 from sandbox.errors import (
@@ -77,19 +80,24 @@ STATUS: dict[type[SandboxError], int] = {
 }
 
 
-def error_response(exc: Exception, path: str = "") -> Response:
-    """The one translation of an exception into the service's answer."""
+def error_answer(exc: Exception, path: str = "") -> tuple[int, dict[str, Any]]:
+    """The one translation of an exception into the service's answer: status and body
+    (over HTTP and over frames, ``sandbox.frames``)."""
     if isinstance(exc, SandboxError):
         status = next((STATUS[c] for c in type(exc).__mro__ if c in STATUS), None)
         if status is not None:
-            return _error(status, exc.code, exc.message)
+            return status, _error(exc.code, exc.message)
     log.error("sandbox: unexpected error on %s", path, exc_info=exc)  # answer, log, keep serving
-    return _error(500, InternalError.code, "internal sandbox error; see the service log")
+    return 500, _error(InternalError.code, "internal sandbox error; see the service log")
 
 
-def _error(status: int, code: str, message: str) -> Response:
-    body = {"error": {"message": message, "type": "sandbox_error", "code": code}}
+def error_response(exc: Exception, path: str = "") -> Response:
+    status, body = error_answer(exc, path)
     return Response(orjson.dumps(body), status, media_type="application/json")
+
+
+def _error(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "sandbox_error", "code": code}}
 
 
 class _Empty(BaseModel):
@@ -163,6 +171,19 @@ def check_root(config: SandboxConfig) -> None:
             )
 
 
+async def _frames(sandbox: Sandbox, config: SandboxConfig) -> asyncio.AbstractServer | None:
+    """The frames socket beside a Unix socket's HTTP (``sandbox.frames``); without it (a
+    TCP service, or a path too long for a socket) clients use HTTP."""
+    if config.socket is None:
+        return None
+    path = frames.frames_path(config.socket)
+    try:
+        return await frames.serve(sandbox, path, MAX_BODY, lambda exc: error_answer(exc, "frames"))
+    except OSError as exc:
+        log.warning("sandbox: no frames socket at %s (%s); tool calls use HTTP", path, exc)
+        return None
+
+
 def create_app(
     config: SandboxConfig, runtime: Runtime | None = None, resolve: Resolver | None = None
 ) -> Starlette:
@@ -184,10 +205,15 @@ def create_app(
 
         task = asyncio.create_task(reaper())
         sandbox.start_pool()
+        lean = await _frames(sandbox, config)
         try:
             yield
         finally:
             task.cancel()
+            if lean is not None:
+                lean.close()
+                with contextlib.suppress(OSError):
+                    frames.frames_path(config.socket or "").unlink()
             await sandbox.close()
 
     app = Starlette(

@@ -14,6 +14,11 @@ Both limits are the kernel's, so exceeding one is the writer's ENOSPC, never the
   what the tenant's other workspaces leave of the tenant's total (never more than its own
   quota). Calls of one tenant running at the same time in different sessions each see that
   same headroom, so the total can be passed by at most the headroom per concurrent call.
+  A workspace changes only during a call in it (what a call starts is killed before it
+  answers), so the other workspaces' usage is measured once after each of their calls
+  (``changed``), not on every call of every session: a call costs one ``statvfs`` of its
+  own workspace plus one per other workspace that was used since, however many the tenant
+  has.
 
 The data lives in memory: tmpfs pages count against the memory cgroup of the process that
 wrote them (a run's, or a warm session's runner) and are freed when the workspace goes.
@@ -113,6 +118,7 @@ class Workspaces:
         self.root, self.uid, self.gid = root, uid, gid
         self.each, self.tenant = each, tenant
         self._applied: dict[Path, Quota] = {}  # the limits each tmpfs has now
+        self._used: dict[Path, Usage] = {}  # measured since the last call in it ended
 
     def create(self, name: str) -> Path:
         path = self.root / name
@@ -127,14 +133,26 @@ class Workspaces:
 
     def remove(self, path: Path) -> None:
         self._applied.pop(path, None)
+        self._used.pop(path, None)
         destroy(path)
+
+    def changed(self, path: Path) -> None:
+        """A call in ``path`` ended: measure it again when another workspace needs it."""
+        self._used.pop(path, None)
+
+    def _usage(self, path: Path) -> Usage:
+        u = self._used.get(path)
+        if u is None:
+            u = self._used[path] = usage(path)
+        return u
 
     def share(self, path: Path, others: list[Path]) -> None:
         """Limit ``path`` to what it holds plus the tenant's headroom (``others``: the
-        tenant's other workspaces), at most its own quota."""
+        tenant's other workspaces, as measured since a call in them last ended), at most
+        its own quota."""
         for _ in range(2):  # a write between statvfs and remount: measure again, once
             mine = usage(path)
-            held = [usage(p) for p in others if p in self._applied]
+            held = [self._usage(p) for p in others if p in self._applied]
             room_b = self.tenant.bytes - mine.bytes - sum(u.bytes for u in held)
             room_i = self.tenant.inodes - mine.inodes - sum(u.inodes for u in held)
             want = Quota(

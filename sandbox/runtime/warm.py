@@ -39,11 +39,13 @@ class WarmPython:
         self.runtime, self.workspace, self.limits = runtime, workspace, limits
         self.proc: asyncio.subprocess.Process | None = None
         self.cg: Cgroup | None = None
+        self.ooms = 0  # the cgroup's OOM kills as last read: one read per call, after it
         self.lock = asyncio.Lock()
 
     async def _start(self) -> None:
         session_limits = replace(self.limits, cpu_s=UNLIMITED_CPU)
         self.cg = Cgroup("warm-" + uuid.uuid4().hex[:16], self.limits)
+        self.ooms = 0
         with seccomp.filter_file() as bpf:
             argv = ["/usr/bin/python3", "-I", "-c", SOURCE]
             cmd = self.runtime.command(argv, self.workspace, session_limits, self.cg, bpf.fileno())
@@ -90,7 +92,7 @@ class WarmPython:
                 await self.stop()
                 await self._start()
             assert self.proc is not None and self.cg is not None
-            oom_before = self.cg.oom_kills()
+            oom_before = self.ooms
             request = {"code": code, "argv": argv, "stdin": stdin.decode("latin-1"),
                        "cpu_s": limits.cpu_s, "wall_s": limits.wall_s,
                        "output_bytes": limits.output_bytes}  # fmt: skip
@@ -107,7 +109,8 @@ class WarmPython:
                     duration_ms=(time.perf_counter() - started) * 1000,
                     limit="memory" if oom else "wall_time" if isinstance(exc, TimeoutError) else None,
                 )  # fmt: skip
-            return self._result(reply, limits, self.cg.oom_kills() > oom_before)
+            self.ooms = self.cg.oom_kills()
+            return self._result(reply, limits, self.ooms > oom_before)
 
     @staticmethod
     def _result(reply: dict[str, object], limits: ResourceClass, oom: bool) -> ProcessResult:

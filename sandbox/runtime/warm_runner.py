@@ -2,7 +2,13 @@
 seccomp, the session's cgroup), started once per session, and forks a child per call:
 the interpreter's start-up is paid once, and each call still gets a fresh process. The
 child is forked ahead of its call (after the previous call's leftovers were killed) and
-waits for its request, so a call does not wait for the fork either.
+waits for its request, so a call does not wait for the fork either. Nor for the child's
+exit: tearing down a forked interpreter's address space takes a millisecond or more, so a
+child whose code ends normally reports its exit status and resource usage on fd 4 and
+closes its streams first; the runner kills it (it runs no code after that) and answers
+while the kernel finishes the exit, reaping it later. The report is the call's own, like
+its exit status: code that forges it misreports only itself. A child that dies of a signal
+(a limit), or execs a command, reports nothing and is waited for as before.
 
 Protocol on fds 0/1: 4-byte big-endian length + JSON, one request and one reply per call.
 A request runs ``code`` in the child, or execs ``argv`` (an absolute path first) there;
@@ -25,6 +31,8 @@ import traceback
 from typing import Any
 
 PR_SET_DUMPABLE = 4
+REPORT_FD = 4  # the child's report of how its call ended
+REPORT_MAX = 4096
 
 
 def _no_peeking() -> None:
@@ -44,31 +52,37 @@ def _read_exact(fd: int, n: int) -> bytes:
     return data
 
 
-def _prefork() -> tuple[int, int, int, int, int]:
+Pending = tuple[int, int, int, int, int, int]
+
+
+def _prefork() -> Pending:
     """Fork the next call's child now, off the call's path: a fresh copy of this runner
     (which never runs tenant code, and whatever the last call left was swept before this),
-    waiting for its request. Returns (pid, its request pipe, stdin, stdout, stderr ends)."""
+    waiting for its request. Returns (pid, its request pipe, stdin, stdout, stderr and
+    report ends)."""
     ctl_r, ctl_w = os.pipe()
     i_r, i_w = os.pipe()
     o_r, o_w = os.pipe()
     e_r, e_w = os.pipe()
+    r_r, r_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        for fd in (ctl_w, i_w, o_r, e_r):
+        for fd in (ctl_w, i_w, o_r, e_r, r_r):
             os.close(fd)
-        _waiting_child(ctl_r, i_r, o_w, e_w)
-    for fd in (ctl_r, i_r, o_w, e_w):
+        _waiting_child(ctl_r, i_r, o_w, e_w, r_w)
+    for fd in (ctl_r, i_r, o_w, e_w, r_w):
         os.close(fd)
-    return pid, ctl_w, i_w, o_r, e_r
+    return pid, ctl_w, i_w, o_r, e_r, r_r
 
 
-def _waiting_child(ctl_r: int, i_r: int, o_w: int, e_w: int) -> None:
+def _waiting_child(ctl_r: int, i_r: int, o_w: int, e_w: int, r_w: int) -> None:
     os.setsid()
     os.dup2(i_r, 0)
     os.dup2(o_w, 1)
     os.dup2(e_w, 2)
     os.dup2(ctl_r, 3)
-    os.closerange(4, 65536)
+    os.dup2(r_w, REPORT_FD, inheritable=False)  # an exec'd command closes it: waited for
+    os.closerange(REPORT_FD + 1, 65536)
     raw = b""
     while chunk := os.read(3, 65536):
         raw += chunk
@@ -111,20 +125,55 @@ def _child(req: dict[str, Any]) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
+        _report(status & 0xFF)
         os._exit(status & 0xFF)
 
 
+def _report(status: int) -> None:
+    """Tell the runner how the call ended and close the call's streams, so that it
+    answers without waiting for this process's exit."""
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    report = {
+        "exit_status": status,
+        "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
+        "memory_peak_mb": max(me.ru_maxrss, kids.ru_maxrss) / 1024,
+    }
+    with contextlib.suppress(OSError):
+        os.write(REPORT_FD, json.dumps(report).encode())
+    for fd in (REPORT_FD, 1, 2):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _reported(raw: bytes) -> tuple[int, dict[str, float]] | None:
+    """A child's report: (exit status, usage), or None when it sent none that parses."""
+    try:
+        report = json.loads(raw)
+        usage = {k: float(report[k]) for k in ("cpu_s", "memory_peak_mb")}
+        status = report["exit_status"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(status, int) or not 0 <= status <= 255:
+        return None
+    return status, usage
+
+
 def _collect(
-    pid: int, o_r: int, e_r: int, cap: int, deadline: float
-) -> tuple[bytearray, bytearray, bool, str | None, int, Any]:
-    """Read the child's output until it exits (then kill what it left holding the pipes)
-    or the wall time runs out. Returns (stdout, stderr, truncated, limit, wait status)."""
-    bufs = {o_r: bytearray(), e_r: bytearray()}
+    pid: int, o_r: int, e_r: int, r_r: int, cap: int, deadline: float
+) -> tuple[bytearray, bytearray, bool, str | None, int, dict[str, float]]:
+    """Read the child's output until it reported and closed its streams, or exited (then
+    kill what it left holding the pipes), or the wall time runs out. Returns (stdout,
+    stderr, truncated, limit, exit code (negative: the signal that ended it), usage)."""
+    bufs = {o_r: bytearray(), e_r: bytearray(), r_r: bytearray()}
+    caps = {o_r: cap, e_r: cap, r_r: REPORT_MAX}
     truncated = False
     limit = None
     status: int | None = None
     usage: Any = None
-    open_fds = [o_r, e_r]
+    open_fds = [o_r, e_r, r_r]
     while open_fds:
         left = deadline - time.monotonic()
         if left <= 0 and status is None:
@@ -141,17 +190,21 @@ def _collect(
             if not chunk:
                 open_fds.remove(fd)
                 continue
-            room = cap - len(bufs[fd])
+            room = caps[fd] - len(bufs[fd])
             bufs[fd] += chunk[: max(0, room)]
-            truncated = truncated or len(chunk) > room
+            truncated = truncated or (len(chunk) > room and fd != r_r)
         if status is None and not ready:
             done, st, ru = os.wait4(pid, os.WNOHANG)
             if done:
                 status, usage = st, ru
                 _sweep()  # a daemon it started would hold the pipes open
+    report = _reported(bytes(bufs[r_r])) if status is None else None
+    if report is not None:  # killed (and reaped later) by the sweep after this
+        return bufs[o_r], bufs[e_r], truncated, limit, report[0], report[1]
     if status is None:
         _, status, usage = os.wait4(pid, 0)
-    return bufs[o_r], bufs[e_r], truncated, limit, status, usage
+    cpu = {"cpu_s": usage.ru_utime + usage.ru_stime, "memory_peak_mb": usage.ru_maxrss / 1024}
+    return bufs[o_r], bufs[e_r], truncated, limit, os.waitstatus_to_exitcode(status), cpu
 
 
 def _sweep() -> dict[int, tuple[int, Any]]:
@@ -199,7 +252,7 @@ def serve() -> None:
             os.write(1, struct.pack(">I", len(body)) + body)
             continue
         started = time.monotonic()
-        pid, ctl_w, i_w, o_r, e_r = pending
+        pid, ctl_w, i_w, o_r, e_r, r_r = pending
         with contextlib.suppress(OSError):  # a child that died (OOM) reports as such below
             call = {k: req.get(k) for k in ("code", "argv", "cpu_s")}
             _write_all(ctl_w, json.dumps(call).encode())
@@ -207,13 +260,12 @@ def serve() -> None:
         with contextlib.suppress(OSError):
             os.write(i_w, req["stdin"].encode("latin-1"))
         os.close(i_w)
-        out, err, truncated, limit, status, ru = _collect(
-            pid, o_r, e_r, req["output_bytes"], started + req["wall_s"]
+        out, err, truncated, limit, code, usage = _collect(
+            pid, o_r, e_r, r_r, req["output_bytes"], started + req["wall_s"]
         )
-        os.close(o_r)
-        os.close(e_r)
-        code = os.waitstatus_to_exitcode(status)
-        _sweep()
+        for fd in (o_r, e_r, r_r):
+            os.close(fd)
+        _sweep()  # the child too, when it reported: it runs nothing after its report
         reply = {
             "exit_status": 128 - code if code < 0 else code,
             "stdout": out.decode("latin-1"),
@@ -221,11 +273,13 @@ def serve() -> None:
             "truncated": truncated,
             "limit": limit,
             "duration_ms": (time.monotonic() - started) * 1000,
-            "usage": {"cpu_s": ru.ru_utime + ru.ru_stime, "memory_peak_mb": ru.ru_maxrss / 1024},
+            "usage": usage,
         }
         body = json.dumps(reply).encode()
         os.write(1, struct.pack(">I", len(body)) + body)
         pending = _prefork()  # while the service handles the reply
+        with contextlib.suppress(ChildProcessError):  # reaped already, unless it reported
+            os.waitpid(pid, 0)  # killed by the sweep: its exit is ending meanwhile
 
 
 if __name__ == "__main__":

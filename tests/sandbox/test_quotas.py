@@ -56,13 +56,45 @@ def test_the_tenant_total_shrinks_a_workspace_to_the_headroom(sandbox_root: Path
         assert room.free_inodes <= 150 - 60
         with pytest.raises(OSError, match="No space left"):
             (b / "too-big").write_bytes(b"y" * (3 * MIB + 4096))
-        (a / "big").unlink()
+        (a / "big").unlink()  # as a call in a would
+        ws.changed(a)  # ... which the service reports as it ends
         (b / "too-big").unlink()  # what fitted of it
         ws.share(b, [a])
         assert usage(b).free_bytes == 4 * MIB  # room again, up to b's own quota
     finally:
         ws.remove(a)
         ws.remove(b)
+
+
+def test_sharing_measures_only_the_workspaces_used_since(
+    sandbox_root: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A call's cost does not grow with the tenant's idle sessions: each other workspace
+    is measured once, then again only after a call in it ended."""
+    ws = Workspaces(sandbox_root, 0, 0, Quota(MIB, 50), Quota(8 * MIB, 400))
+    paths = [ws.create(f"{i:032x}") for i in range(20)]
+    measured: list[Path] = []
+    real = usage
+
+    def counted(path: Path) -> object:
+        measured.append(path)
+        return real(path)
+
+    monkeypatch.setattr("sandbox.workspace.usage", counted)
+    try:
+        mine, others = paths[0], paths[1:]
+        ws.share(mine, others)
+        assert len(measured) == 20  # every workspace once
+        measured.clear()
+        ws.share(mine, others)
+        assert measured == [mine]
+        measured.clear()
+        ws.changed(others[3])
+        ws.share(mine, others)
+        assert measured == [mine, others[3]]
+    finally:
+        for p in paths:
+            ws.remove(p)
 
 
 def test_sweep_removes_only_what_looks_like_a_workspace(sandbox_root: Path):

@@ -6,6 +6,7 @@ to run anywhere but inside its sandbox. Real bubblewrap, tmpfs and cgroups throu
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -203,6 +204,34 @@ async def test_warm_run_shell_runs_in_the_sessions_own_sandbox(config: SandboxCo
         assert warm.proc is not None and warm.proc.pid == runner
         r = await h.sh("/no/such/program")
         assert r.exit_status == 127 and "not found" in r.stderr, r
+    finally:
+        await sandbox.close()
+
+
+async def test_a_warm_call_answers_from_its_childs_report_and_kills_the_child(
+    config: SandboxConfig,
+):
+    """The child reports how its code ended and the runner answers without waiting for
+    its exit; a child that ends otherwise (its own ``os._exit``, a signal, a report that
+    is no report) is waited for. Each call's child is gone by the next call."""
+    sandbox = Sandbox(config.model_copy(update={"warm": True}))
+    h = Harness(sandbox, "warm")
+    procs = "import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
+    try:
+        cases = [
+            ("print('hi')", 0, "hi\n"),
+            ("raise SystemExit(3)", 3, ""),
+            ("raise ValueError('x')", 1, ""),
+            ("import os; os._exit(5)", 5, ""),  # no report: the wait status
+            ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 137, ""),
+            ("import os; os.write(4, b'not json'); os.close(4)", 0, ""),  # then the wait's
+        ]
+        for code, status, stdout in cases:
+            r = await h.py(code)
+            assert (r.exit_status, r.stdout) == (status, stdout), (code, r)
+            assert r.usage.get("cpu_s", 0) > 0, r
+            seen = (await h.py(procs)).stdout  # process 1, the runner, this call's child
+            assert len(json.loads(seen)) == 3, (code, seen)
     finally:
         await sandbox.close()
 

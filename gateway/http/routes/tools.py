@@ -68,11 +68,12 @@ def build_router(services: Services) -> APIRouter:
             body.approved,
         )  # fmt: skip
         recorded = False
+        data = result.model_dump()
         if body.tool_call_id and services.recorder is not None:
             text = result.stdout or (
                 orjson.dumps(result.output).decode() if result.output is not None else result.stderr
             )
-            outcome = result.model_dump() | {"text": text}
+            outcome = data | {"text": text}
             call_id = body.tool_call_id
             # A call this gateway recorded goes to the writer's batches like the steps;
             # another replica's (or one from before a restart) is looked up in the store.
@@ -84,7 +85,6 @@ def build_router(services: Services) -> APIRouter:
                     lambda c: queries.record_tool_result(c, who.tenant, session, call_id, outcome)
                 )
             )
-        data = result.model_dump() | {"recorded": recorded}
-        return Response(orjson.dumps(data), media_type="application/json")
+        return Response(orjson.dumps(data | {"recorded": recorded}), media_type="application/json")
 
     return router
