@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -405,6 +406,18 @@ class ResponsesCaps(Section):
 
     max_turns: int | None = Field(default=None, ge=1, le=256)
     max_tool_calls: int | None = Field(default=None, ge=0, le=100_000)
+    max_wall_s: float | None = Field(default=None, gt=0, le=86_400)
+    max_total_tokens: int | None = Field(default=None, ge=1, le=100_000_000)
+
+
+@dataclass(frozen=True, slots=True)
+class LoopCaps:
+    """The caps on one tenant's responses (``ResponsesSettings.caps``); None: no cap."""
+
+    max_turns: int
+    max_tool_calls: int | None
+    max_wall_s: float | None
+    max_total_tokens: int | None
 
 
 class ResponsesSettings(Section):
@@ -425,10 +438,27 @@ class ResponsesSettings(Section):
         "max_tool_calls can only lower it; reaching it ends the response incomplete with "
         "reason 'max_tool_calls'",
     )
+    max_wall_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=86_400,
+        description="seconds one response's loop may run (null: no cap); a model step still "
+        "running then is stopped, and no step starts after it: the response ends incomplete "
+        "with reason 'max_wall_s' (a hosted call running then finishes first, within its own "
+        "timeout)",
+    )
+    max_total_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000_000,
+        description="input + output tokens of all the model steps of one response (null: no "
+        "cap); each step's max_tokens is at most what is left; reaching it ends the response "
+        "incomplete with reason 'max_total_tokens'",
+    )
     tenants: dict[str, ResponsesCaps] = Field(
         default_factory=dict,
-        description="per-tenant caps ({tenant: {max_turns, max_tool_calls}}) replacing the "
-        "defaults above for that tenant",
+        description="per-tenant caps ({tenant: {max_turns, max_tool_calls, max_wall_s, "
+        "max_total_tokens}}) replacing the defaults above for that tenant",
     )
     sandbox_cache_s: float = Field(
         default=1.0,
@@ -439,12 +469,15 @@ class ResponsesSettings(Section):
     )
     mcp: McpSettings = McpSettings()
 
-    def caps(self, tenant: str) -> tuple[int, int | None]:
-        """(max_turns, max_tool_calls) of a tenant's responses."""
+    def caps(self, tenant: str) -> LoopCaps:
+        """The caps of a tenant's responses: its own (``tenants``), else the defaults."""
         own = self.tenants.get(tenant, ResponsesCaps())
-        turns = own.max_turns if own.max_turns is not None else self.max_turns
-        calls = own.max_tool_calls if own.max_tool_calls is not None else self.max_tool_calls
-        return turns, calls
+        return LoopCaps(
+            own.max_turns if own.max_turns is not None else self.max_turns,
+            own.max_tool_calls if own.max_tool_calls is not None else self.max_tool_calls,
+            own.max_wall_s if own.max_wall_s is not None else self.max_wall_s,
+            own.max_total_tokens if own.max_total_tokens is not None else self.max_total_tokens,
+        )
 
 
 class KVCompactionTier(Section):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,9 @@ def start_stack(log_dir: Path, **embedded: str) -> Iterator[RealStack]:
         "GEARSHIFT_TELEMETRY__SCRAPE_INTERVAL_S": "1",
         "GEARSHIFT_STORE__URL": store_url,
         "GEARSHIFT_STORE__DEAD_LETTER_PATH": str(log_dir / "dead-letter.jsonl"),
+        # the anonymous caller's tenant may run Python in the embedded sandbox (deny by
+        # default otherwise): the hosted code_interpreter of test_responses_real.py
+        "GEARSHIFT_SANDBOX__GRANTS_BY_TENANT": json.dumps({"default": {"tools": ["run_python"]}}),
         **{f"GEARSHIFT_EMBEDDED__{k.upper()}": v for k, v in embedded.items()},
     }
     log_path = log_dir / "gearshift-serve.log"

@@ -3,6 +3,7 @@ a scripted fake tier, and a REAL sandbox service (the code runs in bubblewrap)."
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -156,10 +157,7 @@ def test_the_turn_cap_ends_the_response_incomplete(hosted_stack):
 
 
 def test_tenant_caps_replace_the_defaults_and_a_request_only_lowers_them(hosted_stack):
-    keys = {"capped": "gs-key-of-capped", "free": "gs-key-of-free"}
-    auth = {"mode": "keys", "keys": [
-        {"name": f"k-{t}", "tenant": t, "sha256": hash_key(k)} for t, k in keys.items()
-    ]}  # fmt: skip
+    keys, auth = tenant_keys("capped", "free")
     caps = {"max_tool_calls": 3, "tenants": {"capped": {"max_tool_calls": 1},
                                             "free": {"max_turns": 1}}}  # fmt: skip
     two = asks(PYTHON, call("run_python", '{"code": "print(1)"}', "call_8"))
@@ -246,3 +244,97 @@ def test_an_unknown_sandbox_tool_or_a_sandbox_down_is_refused_before_anything(
     with pytest.raises(openai.InternalServerError) as err2:
         down.client(max_retries=0).responses.create(model="full", input="x", tools=[CODE])
     assert err2.value.status_code == 503 and up.requests == []
+
+
+def tenant_keys(*tenants: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """API keys of ``tenants`` (``gs-key-of-<tenant>``) and the auth section holding them."""
+    keys = {t: f"gs-key-of-{t}" for t in tenants}
+    auth = {"mode": "keys", "keys": [
+        {"name": f"k-{t}", "tenant": t, "sha256": hash_key(k)} for t, k in keys.items()
+    ]}  # fmt: skip
+    return keys, auth
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_the_wall_cap_stops_a_model_step_in_flight_and_is_per_tenant(make_stack):
+    keys, auth = tenant_keys("capped", "free")
+    stall_mid = Behaviour(kind="stall_mid", after=2)  # streams two chunks, then hangs
+    up = FakeUpstream().then(Behaviour(delay_s=10), stall_mid, Behaviour(delay_s=0.7))
+    caps = {"tenants": {"capped": {"max_wall_s": 0.5}}}
+    stack = make_stack([up], responses=caps, auth=auth)
+    capped = stack.client(api_key=keys["capped"])
+    start = time.monotonic()
+    r = capped.responses.create(model="full", input="slow")
+    assert time.monotonic() - start < 4  # the tier would answer in 10 s, time out in 5
+    assert r.status == "incomplete" and r.output == []
+    assert r.incomplete_details is not None and r.incomplete_details.reason == "max_wall_s"  # type: ignore[comparison-overlap]
+    assert capped.responses.retrieve(r.id).model_dump() == r.model_dump()  # stored
+    # streamed, stopped mid-stream: what it streamed stays, closed incomplete
+    events = list(capped.responses.create(model="full", input="slow", stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    end = events[-1]
+    assert end.type == "response.incomplete"
+    assert end.response.incomplete_details.reason == "max_wall_s"  # type: ignore[union-attr,comparison-overlap]
+    (message,) = end.response.output
+    assert message.type == "message" and message.status == "incomplete"
+    assert message.content[0].text == "tok0 tok1 "  # type: ignore[union-attr]
+    wait_for(lambda: up.disconnects == 2)  # both tier requests were aborted
+    # another tenant has the default: no wall cap
+    free = stack.client(api_key=keys["free"]).responses.create(model="full", input="slow")
+    assert free.status == "completed" and free.output_text == "hello from fake"
+
+
+def test_the_wall_cap_ends_the_loop_between_steps(hosted_stack):
+    slow = call("run_python", '{"code": "import time; time.sleep(0.8); print(1)"}', "call_s")
+    up = FakeUpstream().then(asks(slow, PYTHON), asks(PYTHON))
+    stack = hosted_stack(up, responses={"max_wall_s": 0.5})
+    r = stack.client().responses.create(
+        model="full", input="slow tool", tools=[CODE], parallel_tool_calls=False
+    )
+    # the call running at the deadline finished (within its own timeout); the next one,
+    # one by one, would start after it: not run; no next step
+    assert r.status == "incomplete" and len(up.requests) == 1
+    assert r.incomplete_details is not None and r.incomplete_details.reason == "max_wall_s"  # type: ignore[comparison-overlap]
+    ran, cut = r.output
+    assert ran.type == "code_interpreter_call" and ran.status == "completed"
+    assert ran.outputs is not None and ran.outputs[0].logs == "1\n"  # type: ignore[union-attr]
+    assert cut.type == "code_interpreter_call" and cut.status == "incomplete"
+    assert cut.outputs[0].logs == "error: not run: the response reached max_wall_s"  # type: ignore[union-attr,index]
+
+
+def test_the_token_cap_bounds_each_step_and_ends_the_loop(hosted_stack):
+    keys, auth = tenant_keys("capped", "free")
+    # each fake step: 7 input + 4 output tokens
+    cut = {"id": "c", "object": "chat.completion", "created": 0, "model": "m", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "cut"},
+         "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 18, "completion_tokens": 8, "total_tokens": 26}}  # fmt: skip
+    up = FakeUpstream().then(
+        asks(PYTHON), asks(PYTHON),  # capped
+        asks(PYTHON), asks(PYTHON), Behaviour("status", status=200, body=cut),  # free
+    )  # fmt: skip
+    caps = {"max_total_tokens": 15, "tenants": {"free": {"max_total_tokens": 30}}}
+    stack = hosted_stack(up, responses=caps, auth=auth)
+
+    def ask(tenant: str) -> Any:
+        client = stack.client(api_key=keys[tenant])
+        return client.responses.create(model="full", input="x", tools=[CODE])
+
+    small = ask("capped")  # 11 tokens, then 4 left: the second step's max_tokens, then 22
+    assert [q["max_tokens"] for q in up.requests] == [15, 4]
+    assert small.status == "incomplete" and small.incomplete_details is not None
+    assert small.incomplete_details.reason == "max_total_tokens"  # type: ignore[comparison-overlap]
+    assert small.usage is not None and small.usage.total_tokens == 22
+    assert [o.status for o in small.output] == ["completed", "completed"]  # type: ignore[union-attr]
+    # a step cut at what was left of the total: max_total_tokens, not max_output_tokens
+    cut_short = ask("free")
+    assert [q["max_tokens"] for q in up.requests[2:]] == [30, 19, 8]
+    assert cut_short.incomplete_details is not None
+    assert cut_short.incomplete_details.reason == "max_total_tokens"  # type: ignore[comparison-overlap]
+    assert cut_short.output_text == "cut"

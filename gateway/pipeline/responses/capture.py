@@ -18,6 +18,7 @@ from starlette.types import Message, Send
 
 from gateway.pipeline.handler import STREAM_HEADERS
 from gateway.pipeline.responses.stream import StreamTranslator
+from gateway.pipeline.responses.wall import WallClock
 from gateway.upstream.sse import split_events
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -62,11 +63,13 @@ class StreamOut:
     """The pipeline's chat stream of each step, told as Responses events as it arrives;
     the end is sent by ``serving`` once the response is stored. ``hold``: a refused first
     step is not passed on (calls have run before it: the response must be stored), it
-    fails the stream this starts."""
+    fails the stream this starts; nor is the end of a step stopped at the response's
+    wall-clock deadline (``wall.hit``): the response ends ``incomplete``."""
 
     downstream: Send
     translator: StreamTranslator
     hold: bool = False
+    wall: WallClock | None = None
     started: bool = False  # the client has the stream's start
     passthrough: bool = False  # the first step answered with an error, not a stream
     refused: bytes | None = None  # a step's error answer, not passed on
@@ -77,7 +80,8 @@ class StreamOut:
         if message["type"] == "http.response.start":
             ctype = dict(message.get("headers", [])).get(b"content-type", b"")
             sse = message["status"] == 200 and ctype.startswith(b"text/event-stream")
-            if not sse and (self.started or self.hold):  # not the client's to see
+            held = self.hold or (self.wall is not None and self.wall.hit)
+            if not sse and (self.started or held):  # not the client's to see
                 self.refused, self.refused_status = b"", message["status"]
                 await self.begin(list(message.get("headers", [])))
                 return

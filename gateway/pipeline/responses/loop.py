@@ -11,8 +11,12 @@
 
 Caps end the response ``incomplete`` with ``incomplete_details.reason``: ``max_tool_calls``
 (hosted calls per response: the calls over it are not run, their items stay
-``incomplete``), ``max_turns`` (model steps per response, ``responses.max_turns``) and
-``max_output_tokens`` (counted over all steps). Pure: ``serving`` does the I/O.
+``incomplete``), ``max_turns`` (model steps per response, ``responses.max_turns``),
+``max_output_tokens`` (counted over all steps), ``max_total_tokens`` (input + output tokens
+of all steps, ``responses.max_total_tokens``) and ``max_wall_s`` (``responses.max_wall_s``,
+``wall``: no step starts after the deadline, one running then is stopped). Each step's
+``max_tokens`` is what is left of both token caps. Pure but for the clock: ``serving``
+does the I/O.
 """
 
 from __future__ import annotations
@@ -22,8 +26,14 @@ from typing import Any
 
 from gateway.pipeline.responses.items import HOSTED_ITEMS
 from gateway.pipeline.responses.output import status_of
+from gateway.pipeline.responses.wall import WallClock
 
-NOT_RUN = "error: not run: the response reached max_tool_calls"
+WALL = "max_wall_s"  # the reason of a response stopped by its wall-clock cap
+
+
+def not_run(reason: str | None) -> str:
+    """What the model is told of a hosted call that a cap left unrun."""
+    return f"error: not run: the response reached {reason or 'a cap'}"
 
 
 @dataclass(slots=True)
@@ -53,15 +63,19 @@ class Decision:
 
 def decide(
     answer: StepAnswer, *, calls: int, max_tool_calls: int | None, turn: int, max_turns: int,
-    tokens_left: int | None,
+    tokens_left: int | None, total_left: int | None = None,
 ) -> Decision:  # fmt: skip
-    """What follows step ``turn`` (from 0), ``calls`` hosted calls having run before it."""
+    """What follows step ``turn`` (from 0), ``calls`` hosted calls having run before it;
+    ``tokens_left`` / ``total_left``: what is left of max_output_tokens / max_total_tokens."""
     hosted = [i for i in answer.items if i["type"] in HOSTED_ITEMS]
     # the client's calls, and calls that wait for approval, end the response
     client = any(i["type"] in ("function_call", "mcp_approval_request") for i in answer.items)
     status, incomplete = status_of(answer.finish_reason)
     if incomplete is not None:  # a cut answer: its calls' arguments may be cut too
-        return Decision([], hosted, True, status, incomplete["reason"])
+        reason = incomplete["reason"]
+        if reason == "max_output_tokens" and _spent(total_left) and not _spent(tokens_left):
+            reason = "max_total_tokens"  # the step's max_tokens was what the total left
+        return Decision([], hosted, True, status, reason)
     if not hosted:
         return Decision([], [], True)
     room = len(hosted) if max_tool_calls is None else max(0, max_tool_calls - calls)
@@ -72,9 +86,15 @@ def decide(
         return Decision(run, [], True)
     if turn + 1 >= max_turns:
         return Decision(run, [], True, "incomplete", "max_turns")
-    if tokens_left is not None and tokens_left <= 0:
+    if _spent(tokens_left):
         return Decision(run, [], True, "incomplete", "max_output_tokens")
+    if _spent(total_left):
+        return Decision(run, [], True, "incomplete", "max_total_tokens")
     return Decision(run, [], False)
+
+
+def _spent(left: int | None) -> bool:
+    return left is not None and left <= 0
 
 
 def add_usage(total: dict[str, Any] | None, step: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -98,6 +118,8 @@ class LoopState:
     max_tool_calls: int | None
     max_output_tokens: int | None
     max_turns: int
+    max_total_tokens: int | None = None
+    wall: WallClock = field(default_factory=lambda: WallClock(None))
     output: list[dict[str, Any]] = field(default_factory=list)
     usage: dict[str, Any] | None = None
     model: str | None = None
@@ -112,14 +134,42 @@ class LoopState:
         used = (self.usage or {}).get("output_tokens", 0)
         return int(self.max_output_tokens - used)
 
+    @property
+    def total_left(self) -> int | None:
+        if self.max_total_tokens is None:
+            return None
+        return int(self.max_total_tokens - (self.usage or {}).get("total_tokens", 0))
+
+    @property
+    def step_tokens(self) -> int | None:
+        """The next step's ``max_tokens``: what is left of both token caps."""
+        left = [n for n in (self.tokens_left, self.total_left) if n is not None]
+        return min(left, default=None)
+
     def add(self, answer: StepAnswer) -> Decision:
         """Count a finished step (its items are already in ``output``) and decide."""
         self.usage = add_usage(self.usage, answer.usage)
         self.model = answer.model or self.model
         decision = decide(
             answer, calls=self.calls, max_tool_calls=self.max_tool_calls, turn=self.turns,
-            max_turns=self.max_turns, tokens_left=self.tokens_left,
+            max_turns=self.max_turns, tokens_left=self.tokens_left, total_left=self.total_left,
         )  # fmt: skip
         self.turns += 1
         self.calls += len(decision.run)
         return decision
+
+    def timed(self, decision: Decision) -> Decision:
+        """The decision once the step's hosted calls have run: past the wall-clock cap, no
+        next step; calls left unrun at the deadline (``wall.hit``) make it the reason."""
+        if self.wall.hit or (not decision.end and self.wall.expired):
+            return Decision(decision.run, [], True, "incomplete", WALL)
+        return decision
+
+    def stopped(self, answer: StepAnswer | None = None) -> Decision:
+        """A model step stopped at the deadline (``wall.hit``): its hosted calls (their
+        arguments may be cut) are not run."""
+        if answer is not None:
+            self.usage = add_usage(self.usage, answer.usage)
+            self.turns += 1
+        cut = [i for i in (answer.items if answer else ()) if i["type"] in HOSTED_ITEMS]
+        return Decision([], cut, True, "incomplete", WALL)

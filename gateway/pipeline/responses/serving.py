@@ -45,13 +45,14 @@ from gateway.pipeline.responses import approvals, hosted, mcp_calls
 from gateway.pipeline.responses import turn as prepared
 from gateway.pipeline.responses.background import Background
 from gateway.pipeline.responses.capture import JSON_HEADERS, Collected, error_message
-from gateway.pipeline.responses.loop import NOT_RUN, Decision, LoopState, StepAnswer
+from gateway.pipeline.responses.loop import WALL, Decision, LoopState, StepAnswer, not_run
 from gateway.pipeline.responses.mcp_client import Target
 from gateway.pipeline.responses.output import answer_items, usage
 from gateway.pipeline.responses.protocol import ResponsesRequest
 from gateway.pipeline.responses.sandbox_offers import SandboxOffers
 from gateway.pipeline.responses.streaming import serve_stream
 from gateway.pipeline.responses.turn import Turn
+from gateway.pipeline.responses.wall import WallClock
 from gateway.pipeline.services import Services
 from gateway.recording.recorder import RecorderClosed
 from gateway.store import responses as stored
@@ -77,11 +78,14 @@ class ResponsesService:
 
     def new_state(self, turn: Turn) -> LoopState:
         """The loop's caps: the request's, under its tenant's (``responses.tenants``, else
-        the defaults): the lower ``max_tool_calls`` holds."""
+        the defaults): the lower ``max_tool_calls`` holds. The wall clock starts here."""
         r = turn.frame.request
-        max_turns, tenant_calls = self.services.settings.responses.caps(turn.parsed.identity.tenant)
-        caps = [c for c in (r.max_tool_calls, tenant_calls) if c is not None]
-        return LoopState(min(caps, default=None), r.max_output_tokens, max_turns)
+        caps = self.services.settings.responses.caps(turn.parsed.identity.tenant)
+        calls = [c for c in (r.max_tool_calls, caps.max_tool_calls) if c is not None]
+        return LoopState(
+            min(calls, default=None), r.max_output_tokens, caps.max_turns,
+            caps.max_total_tokens, WallClock(caps.max_wall_s),
+        )  # fmt: skip
 
     async def preface(self, turn: Turn, state: LoopState) -> None:
         """Before the first step: the new mcp_list_tools items, then the decided approval
@@ -142,11 +146,13 @@ class ResponsesService:
             got = Collected()
             passes_on = state.turns == 0 and not detached and not state.committed
             try:
-                await self.pipeline(turn.step(state), scope, receive, got.send)
+                await self.pipeline(turn.step(state), scope, state.wall.bound(receive), got.send)
             except GatewayError as exc:
                 if passes_on:
                     raise
                 return self.failed(turn, state, exc.message)
+            if state.wall.hit:  # stopped at the deadline: no answer to keep
+                return self._ended(turn, state, state.stopped())
             if last is not None:
                 got.copy_to(last)
             if got.status == CLIENT_CLOSED and not state.committed:
@@ -159,17 +165,21 @@ class ResponsesService:
             state.output.extend(answer.items)
             decision = state.add(answer)
             try:
-                await self.run_calls(turn, decision, answer)
+                await self.run_calls(turn, decision, answer, state.wall)
             except SandboxUnavailable as exc:
                 return self.failed(turn, state, exc.message)
+            decision = state.timed(decision)
             if decision.end:
                 return self._ended(turn, state, decision)
 
-    async def run_calls(self, turn: Turn, decision: Decision, answer: StepAnswer) -> None:
+    async def run_calls(
+        self, turn: Turn, decision: Decision, answer: StepAnswer, wall: WallClock | None = None
+    ) -> None:
         """Run the step's hosted calls (concurrently unless ``parallel_tool_calls`` is
-        false); the ones over ``max_tool_calls`` are settled as not run."""
+        false); the ones a cap left out are settled as not run, and so are the ones of a
+        one-by-one run that would start past the ``wall`` deadline (``wall.hit``)."""
         for item in decision.skipped:
-            hosted.settle(item, NOT_RUN, ok=False, status="incomplete")
+            hosted.settle(item, not_run(decision.reason), ok=False, status="incomplete")
         who = turn.parsed.identity
         runs = [
             self._mcp(turn, target, item, answer.arguments[item["id"]])
@@ -179,7 +189,12 @@ class ResponsesService:
             for item in decision.run
         ]
         if turn.frame.request.parallel_tool_calls is False:
-            for run in runs:
+            for item, run in zip(decision.run, runs, strict=True):
+                if wall is not None and wall.expired:
+                    run.close()  # never started
+                    wall.hit = True
+                    hosted.settle(item, not_run(WALL), ok=False, status="incomplete")
+                    continue
                 await run
             return
         results = await asyncio.gather(*runs, return_exceptions=True)

@@ -32,7 +32,7 @@ async def serve_stream(
     state = service.new_state(turn)
     state.output = translator.output  # one list: the translator adds, the loop counts
     await service.preface(turn, state)  # told when the stream starts
-    out = StreamOut(send, translator, hold=state.committed)
+    out = StreamOut(send, translator, hold=state.committed, wall=state.wall)
     final = await run_steps(service, turn, state, out, scope, receive)
     if final is None:
         return
@@ -52,12 +52,14 @@ async def run_steps(
     while True:
         out.refused = None
         try:
-            await service.pipeline(turn.step(state), scope, receive, out.send)
+            await service.pipeline(turn.step(state), scope, state.wall.bound(receive), out.send)
         except GatewayError as exc:
             if not out.started and not out.hold:
                 raise
             await out.begin([])
             return failed(translator, state, exc.message)
+        if state.wall.hit:
+            return await stopped(service, turn, state, out)
         if out.passthrough or (out.refused_status == CLIENT_CLOSED and not out.hold):
             return None  # an error answer passed on, or the client left: nothing to store
         if out.refused is not None:
@@ -72,16 +74,34 @@ async def run_steps(
         decision = state.add(answer)
         await out.body(translator.running(decision.run))
         try:
-            await service.run_calls(turn, decision, answer)
+            await service.run_calls(turn, decision, answer, state.wall)
         except SandboxUnavailable as exc:
             await out.body(translator.settled([*decision.run, *decision.skipped]))
             return failed(translator, state, exc.message)
         await out.body(translator.settled([*decision.run, *decision.skipped]))
+        decision = state.timed(decision)
         if decision.end:
             return translator.end(
                 decision.status, usage=state.usage, model=state.model,
                 incomplete=decision.incomplete,
             )  # fmt: skip
+
+
+async def stopped(
+    service: ResponsesService, turn: Turn, state: LoopState, out: StreamOut
+) -> tuple[bytes, dict[str, Any]]:
+    """A step stopped at the wall-clock deadline: what it streamed is closed
+    ``incomplete``, its hosted calls are not run, and the response ends ``incomplete``."""
+    translator = out.translator
+    await out.begin([])  # stopped before its first byte: the stream starts here
+    events, answer = translator.close_step()
+    await out.body(events)
+    decision = state.stopped(answer)
+    await service.run_calls(turn, decision, answer)  # settles them as not run
+    await out.body(translator.settled(decision.skipped))
+    return translator.end(
+        decision.status, usage=state.usage, model=state.model, incomplete=decision.incomplete
+    )
 
 
 def failed(

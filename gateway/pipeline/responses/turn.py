@@ -48,15 +48,16 @@ class Turn:
 
     def step(self, state: LoopState) -> ParsedRequest:
         """The chat request of the next model step: the chain, the input and the output so far."""
-        if state.turns == 0 and not self.decisions:
-            return self.parsed
         request = self.frame.request
+        as_asked = state.step_tokens == request.max_output_tokens  # no token cap lowers it
+        if state.turns == 0 and not self.decisions and as_asked:
+            return self.parsed
         messages = items.to_messages(
             list(self.history), [*self.inputs, *state.output], request.instructions
         )
         body = chat.chat_body(
             request, messages, self.frame.spec, self.offered, first=state.turns == 0,
-            max_tokens=state.tokens_left,
+            max_tokens=state.step_tokens,
         )  # fmt: skip
         return ParsedRequest(self.parsed.identity, body)
 
