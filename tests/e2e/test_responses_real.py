@@ -15,22 +15,11 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.test_embedded_stack import FAST, FULL
+from tests.e2e.test_embedded_stack import FAST, FULL, WEATHER_TOOL
 
 pytestmark = pytest.mark.e2e
 
-WEATHER: Any = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather for a city",
-    "strict": True,
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-}
+WEATHER: Any = {"type": "function", **WEATHER_TOOL["function"]}  # the Responses shape
 CODE: Any = {"type": "code_interpreter", "container": {"type": "auto"}}
 FORCE_CODE: Any = {"type": "code_interpreter"}
 # The small model writes its calls in the chat template's Hermes form; left to itself it
