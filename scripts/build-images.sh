@@ -46,9 +46,13 @@ step() { printf '\n==> %s\n' "$*"; }
 local_base() {
   if "$ENGINE" image exists "$LOCAL_BASE" 2>/dev/null; then return; fi
   mkdir -p "$WORK"
+  # a directory there is what an earlier run left: mmdebstrap guesses its output format from
+  # the file name, and took "rootfs.tar.part" for a directory; the format is named now
+  if [ -d "$WORK/debian-bookworm-rootfs.tar" ]; then rm -rf "$WORK/debian-bookworm-rootfs.tar"; fi
   if [ ! -s "$WORK/debian-bookworm-rootfs.tar" ]; then
     step "base image: Debian bookworm from Debian's packages (mmdebstrap, about a minute)"
-    mmdebstrap --quiet --variant=minbase bookworm "$WORK/debian-bookworm-rootfs.tar.part"
+    rm -rf "$WORK/debian-bookworm-rootfs.tar.part"
+    mmdebstrap --quiet --variant=minbase --format=tar bookworm "$WORK/debian-bookworm-rootfs.tar.part"
     mv "$WORK/debian-bookworm-rootfs.tar.part" "$WORK/debian-bookworm-rootfs.tar"
   fi
   "$ENGINE" import "$WORK/debian-bookworm-rootfs.tar" "$LOCAL_BASE" >/dev/null
