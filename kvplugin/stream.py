@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
@@ -28,6 +29,8 @@ from typing import Any
 from kvplugin.metrics import record_of
 
 DONE = "data: [DONE]\n\n"
+# the stream's creation time, at the top of its first chunk (a string value holds `"` escaped)
+CREATED = re.compile(r'"created":\s*(\d+)')
 # (module, class, method, chunk object, whether its outputs come as (prompt index, output))
 STREAM_GENERATORS = (
     ("vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat",
@@ -54,12 +57,15 @@ class _Watch:
                 yield item
 
 
-def record_chunk(arguments: dict[str, Any], chunk_object: str, record: dict[str, Any]) -> str:
-    """The extra event: the stream's id, model and creation time, no choices, the record."""
+def record_chunk(
+    arguments: dict[str, Any], chunk_object: str, record: dict[str, Any], created: int | None
+) -> str:
+    """The extra event: the stream's id, model and creation time (``created``: its chunks',
+    read from the first; vLLM's chat generator takes none), no choices, the record."""
     chunk: dict[str, Any] = {
         "id": arguments.get("request_id"),
         "object": chunk_object,
-        "created": arguments.get("created_time") or int(time.time()),
+        "created": arguments.get("created_time") or created or int(time.time()),
         "model": arguments.get("model_name"),
         "choices": [],
         "kv_transfer_params": {"gearshift_kv_compaction": record},
@@ -82,10 +88,13 @@ def with_record_chunk(
         watch = _Watch(indexed)
         bound.arguments["result_generator"] = watch.outputs(bound.arguments["result_generator"])
         # closed at once when the client goes away, so vLLM aborts the request as before
+        created: int | None = None
         async with aclosing(generator(*bound.args, **bound.kwargs)) as events:  # type: ignore[type-var]
             async for event in events:
+                if created is None and (found := CREATED.search(event)):
+                    created = int(found.group(1))
                 if event == DONE and watch.record is not None:
-                    yield record_chunk(bound.arguments, chunk_object, watch.record)
+                    yield record_chunk(bound.arguments, chunk_object, watch.record, created)
                 yield event
 
     stream._gearshift_kv = True  # type: ignore[attr-defined]

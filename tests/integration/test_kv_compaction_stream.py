@@ -10,14 +10,18 @@ from tests.support.fake_upstream import Behaviour, FakeUpstream
 
 RECORD = {"prompt_tokens": 3000, "kept_tokens": 1500, "evicted_tokens": 1500,
           "freed_blocks": 46, "seconds": 0.2, "recomputed": False}  # fmt: skip
+# the machine is shared: httpx's default 5 s was seen to run out under load
+TIMEOUT_S = 60
 BODY = {"model": "full", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
 
 def streamed_step(stack: Stack) -> tuple[bytes, dict]:
-    with httpx.stream("POST", stack.url + "/v1/chat/completions", json=BODY) as r:
+    with httpx.stream(
+        "POST", stack.url + "/v1/chat/completions", json=BODY, timeout=TIMEOUT_S
+    ) as r:
         step_id = r.headers["x-gearshift-step-id"]
         body = b"".join(r.iter_bytes())
-    step = httpx.get(stack.url + "/v1/steps/" + step_id)
+    step = httpx.get(stack.url + "/v1/steps/" + step_id, timeout=TIMEOUT_S)
     assert step.status_code == 200, step.text
     return body, step.json()
 
