@@ -7,10 +7,11 @@ bench.mock_upstream serves two tenants at once: ``plain``, whose key is in the c
 and which has no limits (admission is one dict lookup), and ``limited``, whose key is in
 the store (``gearshift keys create``) and whose key and tenant each have requests and
 tokens per minute and token budgets per day and month (eight counters reserved in the
-ledger and settled per request; none ever refused). Rounds alternate the two, so drift in
-the machine's load hits both alike. For each store (SQLite, then PostgreSQL) it reports,
+ledger and settled per request; none ever refused). Twelve short rounds each run the two
+back to back, in alternating order, so drift in the machine's load hits both alike. For each store (SQLite, then PostgreSQL) it reports,
 at concurrency 1 and 16: CPU-ms per request of the gateway's process tree (its recorder
-included), and p50 latency; added = limited minus plain.
+included), and p50 latency; added = limited minus plain, as the median of the rounds'
+paired differences with the middle half of them (``_q1``, ``_q3``).
 
 Then the budget burst: a second gateway on the same store, a tenant whose daily budget
 admits ten requests' reservations, 50 concurrent requests split across the two processes.
@@ -35,6 +36,7 @@ import asyncio
 import contextlib
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -122,17 +124,39 @@ def cell(proc: Any, url: str, key: str, concurrency: int, requests: int) -> dict
     return {"cpu_s": cpu, "n": result["completed"], "p50_ms": result["p50_ms"]}
 
 
+def paired(
+    plain: list[dict[str, float]], limited: list[dict[str, float]], key: str
+) -> dict[str, float]:
+    """Added cost from rounds run back to back: the median of the per-round differences
+    (a spike in one round moves one difference, not the figure) and the range of the middle
+    half of them, beside the pooled means."""
+
+    def per(r: dict[str, float]) -> float:
+        return 1000 * r["cpu_s"] / r["n"] if key == "cpu" else r["p50_ms"]
+
+    diffs = sorted(per(b) - per(a) for a, b in zip(plain, limited, strict=True))
+    n = len(diffs)
+    return {
+        "added": statistics.median(diffs),
+        "added_q1": diffs[n // 4],
+        "added_q3": diffs[min(n - 1, (3 * n) // 4)],
+    }
+
+
 def measure(tmp: Path, store: str, mock: str, quick: bool) -> tuple[dict[str, Any], dict[str, int]]:
     plain_key, plain_digest = new_key()
     limited_key, burst_key = setup_store(store)
-    rounds, requests = (2, 150) if quick else (4, 600)
+    # many short rounds rather than a few long ones: each round pairs the two tenants back to
+    # back, in alternating order, so a loaded machine's drift cancels in the differences
+    rounds, requests = (2, 150) if quick else (12, 200)
     cells: dict[str, dict[int, list[dict[str, float]]]] = {"plain": {}, "limited": {}}
     with gateway(tmp, "a", store, mock, plain_digest) as (proc, url):
         for key in (plain_key, limited_key):  # warm both paths
             cell(proc, url, key, 4, 100)
-        for _ in range(rounds):
+        for i in range(rounds):
             for c in CONCURRENCY:
-                for who, key in (("plain", plain_key), ("limited", limited_key)):
+                order = [("plain", plain_key), ("limited", limited_key)]
+                for who, key in order if i % 2 == 0 else order[::-1]:
                     cells[who].setdefault(c, []).append(cell(proc, url, key, c, requests))
         with gateway(tmp, "b", store, mock, plain_digest) as (_, other):
             burst = asyncio.run(_burst([url, other], burst_key))
@@ -143,9 +167,11 @@ def measure(tmp: Path, store: str, mock: str, quick: bool) -> tuple[dict[str, An
         for who in cells:
             runs = cells[who][c]
             row[f"{who}_cpu_ms"] = 1000 * sum(r["cpu_s"] for r in runs) / sum(r["n"] for r in runs)
-            row[f"{who}_p50_ms"] = sorted(r["p50_ms"] for r in runs)[len(runs) // 2]
-        row["added_cpu_ms"] = row["limited_cpu_ms"] - row["plain_cpu_ms"]
-        row["added_p50_ms"] = row["limited_p50_ms"] - row["plain_p50_ms"]
+            row[f"{who}_p50_ms"] = statistics.median(r["p50_ms"] for r in runs)
+        cpu = paired(cells["plain"][c], cells["limited"][c], "cpu")
+        p50 = paired(cells["plain"][c], cells["limited"][c], "p50")
+        row["added_cpu_ms"], row["added_cpu_ms_q1"], row["added_cpu_ms_q3"] = cpu.values()
+        row["added_p50_ms"], row["added_p50_ms_q1"], row["added_p50_ms_q3"] = p50.values()
         figures[f"c{c}"] = {k: round(v, 4) for k, v in row.items()}
     return figures, burst | {"used": used, "reserved": reserved, "cap": cap}
 
@@ -197,6 +223,8 @@ def admission_alone(url: str, requests: int) -> dict[str, float]:
     admission = Admission(Authenticator(AuthSettings()), Metrics(), 4096)
     admission.limits = {("ledger", ""): limits, ("ledger", "bench"): limits}
 
+    each: list[float] = []  # wall seconds of each admit + settle after the warm-up
+
     async def run() -> tuple[float, float, int]:
         ledger = admission.ledger = Ledger(url)
         try:
@@ -204,9 +232,12 @@ def admission_alone(url: str, requests: int) -> dict[str, float]:
                 if i == 50:  # warmed up
                     done = getattr(ledger, "transactions", 0)
                     cpu, wall = time.process_time(), time.perf_counter()
+                t0 = time.perf_counter()
                 ticket = await admission.admit("ledger", "bench", payload, raw)
                 assert ticket is not None
                 ticket.settle(MAX_TOKENS + 20)
+                if i >= 50:
+                    each.append(time.perf_counter() - t0)
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
             return cpu, wall, getattr(ledger, "transactions", 0) - done
         finally:
@@ -215,6 +246,8 @@ def admission_alone(url: str, requests: int) -> dict[str, float]:
     cpu, wall, transactions = asyncio.run(run())
     return {"cpu_ms_per_req": round(1000 * cpu / requests, 4),
             "wall_ms_per_req": round(1000 * wall / requests, 4),
+            "p50_ms": round(1000 * statistics.median(each), 4),
+            "p99_ms": round(1000 * sorted(each)[int(0.99 * (len(each) - 1))], 4),
             "transactions_per_req": round(transactions / requests, 4)}  # fmt: skip
 
 
@@ -258,10 +291,13 @@ def main() -> None:
                     print(kind, orjson.dumps(results[kind]).decode(), flush=True)
         finally:
             stop(mock)
+    worst = max(results.values(), key=lambda r: r["c1"]["added_cpu_ms"])
     summary = {
         "added_cpu_ms_per_req": max(r["c1"]["added_cpu_ms"] for r in results.values()),
         "added_p50_ms": max(r["c1"]["added_p50_ms"] for r in results.values()),
+        "added_cpu_ms_per_req_iqr": [worst["c1"]["added_cpu_ms_q1"], worst["c1"]["added_cpu_ms_q3"]],
         "added_cpu_ms_per_req_c16": max(r["c16"]["added_cpu_ms"] for r in results.values()),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "budget_overshoot": max(max(0, r["burst"]["used"] - r["burst"]["cap"]) for r in results.values()),
         "burst_admitted": {k: r["burst"]["admitted"] for k, r in results.items()},
         "stores": sorted(results),
