@@ -3,11 +3,12 @@
     python -m bench.context [--quick] [--upstream mock|real] [--sessions N] [--budget 0.5]
 
 Each session is a tool loop whose history outgrows the budget: a task, then ``--steps``
-tool calls whose outputs each hold one fact (``port_<i> = <value>``) among log lines.
+tool calls whose outputs each hold one fact (``port_<i> = <value>``; with ``--facts mixed``,
+the held-out shape, also an error, a path or an identifier's line) among log lines.
 The last ``--replay`` steps of every session are sent through one gateway (each a chat
 request with the whole history so far, one named session per strategy, as an agent
 sends them), then a checkable question about a fact from an early step, which every
-condensing strategy has condensed: ``QUESTION: what value did port_<k> have?``.
+condensing strategy has condensed: ``QUESTION: what number goes with port_<k>?``.
 
 Strategies (one API key each, ``context.keys`` in the gateway's config):
 
@@ -17,7 +18,10 @@ Strategies (one API key each, ``context.keys`` in the gateway's config):
     summarize-fast    summarize on the fast tier, then drop (rungs: summarize, drop)
     summarize-full    the same on the full tier
     extractive        the same with the extractive summary (no model call)
-    default           the shipped ladder: mask, summarize on fast, drop
+    default-before    the ladder as it shipped before: bare placeholders, clearing to just
+                      under the budget (clear_to_fraction 1, mask_digest_chars 0)
+    default           the shipped ladder: mask (placeholders with a digest), summarize on
+                      fast, drop; a clearing aims at half the budget
 
 Per strategy: time per step (ms, mean and p95, summaries included), prompt tokens sent
 (mean per step, and total), accuracy on the question, each with its ratio to ``none``;
@@ -57,8 +61,13 @@ STRATEGIES: dict[str, dict[str, Any] | None] = {
     "summarize-fast": {"rungs": ["summarize", "drop"], "summarizer": "fast"},
     "summarize-full": {"rungs": ["summarize", "drop"], "summarizer": "full"},
     "extractive": {"rungs": ["summarize", "drop"], "summarizer": "extractive"},
+    # the shipped ladder before #24's second pass: bare placeholders, clearing to just under
+    # the budget (the same run's baseline for the two knobs the default now sets)
+    "default-before": {
+        "rungs": LADDER, "summarizer": "fast", "clear_to_fraction": 1.0, "mask_digest_chars": 0,
+    },
     "default": {"rungs": LADDER, "summarizer": "fast"},
-}
+}  # fmt: skip
 SYSTEM = "You are a coding agent. Use the tools. Answer questions with the value only."
 REAL_MODELS = ("smollm2-135m", "smollm2-135m-fast")  # the embedded stack's served names
 
@@ -71,17 +80,31 @@ class Session:
     value: str
 
 
-def build_session(rng: random.Random, steps: int, chars: int, replay: int) -> Session:
+# the held-out shapes of a fact (--facts mixed): what key names it, the line that prints it
+FACT_LINES = {
+    "value": ("port_{i}", "port_{i} = {v}"),
+    "error": ("job_{i}", "ERROR job_{i} failed: exit status {v}"),
+    "path": ("run_{i}", "artifacts written under out/run_{i}/build-{v}.tar"),
+    "ident": ("ticket_{i}", "ticket_{i} opened as #{v} for the on-call team"),
+}
+
+
+def build_session(
+    rng: random.Random, steps: int, chars: int, replay: int, facts: str = "value"
+) -> Session:
     task = "Find why the service on the staging host does not start, and fix it."
     msgs: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": task},
     ]
-    values = []
+    values, keys = [], []
     for i in range(steps):
         value = str(rng.randrange(10_000, 99_999))
+        kind = rng.choice(sorted(FACT_LINES)) if facts == "mixed" else "value"
+        key, line = (t.format(i=i, v=value) for t in FACT_LINES[kind])
         values.append(value)
-        lines = [f"$ inspect part_{i}", f"reading src/module_{i}.py", f"port_{i} = {value}"]
+        keys.append(key)
+        lines = [f"$ inspect part_{i}", f"reading src/module_{i}.py", line]
         while sum(len(x) + 1 for x in lines) < chars:
             lines.append(
                 f"INFO worker-{rng.randrange(1, 9)} processed batch {rng.randrange(1000)} in "
@@ -93,7 +116,7 @@ def build_session(rng: random.Random, steps: int, chars: int, replay: int) -> Se
         msgs.append({"role": "tool", "tool_call_id": f"call_{i}", "content": "\n".join(lines)})
     k = rng.randrange(0, max(1, steps // 3))  # an early step: in the condensed part
     starts = [len(msgs) - 2 * j for j in range(replay - 1, -1, -1)]
-    question = f"QUESTION: what value did port_{k} have? Reply with the number only."
+    question = f"QUESTION: what number goes with {keys[k]}? Reply with the number only."
     return Session(msgs, starts, question, values[k])
 
 
@@ -251,6 +274,13 @@ def main() -> None:
         default=0.85,
         help="the history at the question, as a share of the window (estimated)",
     )
+    p.add_argument(
+        "--facts",
+        choices=("value", "mixed"),
+        default="value",
+        help="value: every fact is a named value (port_3 = 41234); mixed (held out): an "
+        "error, a path, an identifier's line or a named value",
+    )
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--seed", type=int, default=7)
     args = p.parse_args()
@@ -266,7 +296,7 @@ def main() -> None:
         with upstreams(args.upstream, tmp) as (full, fast, models, window):
             # the history at the question fills --fill of the window: it fits uncondensed
             chars = int(window * args.fill * 3.2 / args.steps)
-            sessions = [build_session(rng, args.steps, chars, args.replay)
+            sessions = [build_session(rng, args.steps, chars, args.replay, args.facts)
                         for _ in range(args.sessions)]  # fmt: skip
             budget = int(window * args.budget)
             config = gateway_config(tmp, full, fast, models, window)
@@ -284,6 +314,7 @@ def main() -> None:
     default = rows.get("default", rows[names[-1]])
     print(orjson.dumps({
         "upstream": args.upstream, "sessions": args.sessions, "budget": budget,
+        "seed": args.seed, "facts": args.facts,
         "window": window, "strategies": rows,
         "prompt_tokens_saved": round(1 - (default.get("tokens_vs_none") or 1), 3),
         "accuracy_vs_none": default.get("accuracy_vs_none"),

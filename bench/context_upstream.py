@@ -1,9 +1,10 @@
 """The stand-in model of ``bench.context --upstream mock``: bench.mock_upstream, plus
 answers that make a condensation's quality checkable without a model.
 
-* a question ``QUESTION: what value did port_<k> have?`` is answered by an oracle reader:
-  the value when ``port_<k> = <value>`` is anywhere in the prompt it got, else
-  ``unknown``; its accuracy is the share of facts a strategy kept in what the model saw;
+* a question ``QUESTION: what number goes with <key>?`` is answered by an oracle reader:
+  the first five-digit number after ``<key>`` on a line of the prompt (``port_3 = 41234``,
+  ``ERROR job_3 failed: exit status 41234``), else ``unknown``; its accuracy is the share of
+  facts a strategy kept in what the model saw;
 * a summary request (the gateway's summarizer instructions) gets ``(mock summary)``: a
   stand-in cannot summarize, so model-written summaries are measured on the real stack
   only (``--upstream real``);
@@ -22,7 +23,7 @@ import orjson
 
 from bench.mock_upstream import STREAM_RE, MockProtocol, chat_answer
 
-QUESTION_RE = re.compile(rb"QUESTION: what value did (port_\d+) have")
+QUESTION_RE = re.compile(rb"QUESTION: what number goes with (\w+)\?")
 SUMMARY_MARK = b"You condense an AI agent's working history"
 
 
@@ -30,7 +31,7 @@ def answer(body: bytes) -> bytes:
     if SUMMARY_MARK in body:
         text = "(mock summary)"
     elif (m := QUESTION_RE.search(body)) is not None:
-        fact = re.search(re.escape(m.group(1)) + rb" = (\d+)", body)
+        fact = re.search(re.escape(m.group(1)) + rb"\b[^\n\\\"]*?\b(\d{5})\b", body)
         text = fact.group(1).decode() if fact else "unknown"
     else:
         text = "ok"

@@ -284,6 +284,8 @@ class ContextOverride(Section):
     budget_tokens: int | None = Field(default=None, gt=0)
     summarizer: Literal["fast", "full", "extractive"] | None = None
     rungs: list[Literal["mask", "summarize", "drop"]] | None = None
+    clear_to_fraction: float | None = Field(default=None, gt=0, le=1)
+    mask_digest_chars: int | None = Field(default=None, ge=0)
     truncation: Literal["auto", "disabled"] | None = None
 
 
@@ -317,6 +319,19 @@ class ContextSettings(Section):
         ge=0,
         description="each clearing removes at least this many tokens, so the next steps share "
         "the condensed prefix (the engine's prefix cache) instead of condensing again",
+    )
+    clear_to_fraction: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="a clearing aims at this fraction of the budget, so that many next steps "
+        "fit in the room it made (one condensation, then a shared prefix) instead of one",
+    )
+    mask_digest_chars: int = Field(
+        default=240,
+        ge=0,
+        description="a masked tool output's placeholder keeps its errors, named values, paths "
+        "and identifiers, in at most this many characters (and a quarter of the output); 0: none",
     )
     summarizer: Literal["fast", "full", "extractive"] = Field(
         default="fast",

@@ -1,7 +1,7 @@
 """``python -m bench.context --quick`` on the mock upstream: every strategy answers every
 step, the condensing ones send fewer tokens than ``none``, and the mock's oracle reader
 finds the early fact where the strategy kept it (``none`` always; the extractive summary
-keeps named values; masking replaces the output that held it)."""
+and the masked output's digest keep named values; a bare placeholder does not)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,14 @@ def test_quick_context_bench_measures_every_strategy() -> None:
     last = run_quick("context", timeout_s=300)
     rows = last["strategies"]
     assert isinstance(rows, dict) and set(rows) >= {"none", "mask", "extractive", "default"}
+    assert "default-before" in rows
     assert all(r["errors"] == 0 for r in rows.values()), rows
     assert rows["none"]["accuracy"] == 1.0  # the whole history: the fact is there
     assert rows["extractive"]["accuracy"] == 1.0 and rows["extractive"]["summaries"] > 0
-    assert rows["mask"]["accuracy"] == 0.0  # the output that held it is a placeholder
+    assert rows["mask"]["accuracy"] == 1.0  # the placeholder's digest keeps the named value
+    assert rows["default-before"]["accuracy"] == 0.0  # a bare placeholder does not
+    # clearing to half the budget: fewer tokens than clearing to just under it
+    assert rows["default"]["tokens_vs_none"] < rows["default-before"]["tokens_vs_none"]
     for name, row in rows.items():
         if name != "none":
             assert row["tokens_vs_none"] < 0.7, (name, row)

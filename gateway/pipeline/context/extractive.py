@@ -11,35 +11,47 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import TypeVar
 
 from gateway.pipeline.context.messages import Message, text_of
 
+# possessive (++) where backtracking cannot find another match: these run on every line
 PATH = re.compile(
-    r"(?:[\w.-]+/)+[\w.-]+|\b[\w-]+\.(?:py|js|ts|go|rs|java|c|h|cpp|md|json|ya?ml|toml|txt|csv|log|sh|sql|html|css)\b"
+    r"(?<![\w.-])(?:[\w.-]++/)+[\w.-]+|\b[\w-]++\.(?:py|js|ts|go|rs|java|c|h|cpp|md|json|ya?ml|toml|txt|csv|log|sh|sql|html|css)\b"
 )
 NUMBER = re.compile(r"\d")
-IDENT = re.compile(r"\b[a-z]+_[a-z0-9_]+\b|\b[a-z]+[A-Z]\w*\b|`[^`]+`")
-ERROR = re.compile(
-    r"error|exception|traceback|failed|failure|denied|not found|invalid|refused|timeout|exit (?:code|status)",
-    re.I,
-)
+IDENT = re.compile(r"\b[a-z]++_[a-z0-9_]+\b|\b[a-z]++[A-Z]\w*\b|`[^`]+`")
+ERROR_WORDS = r"error|exception|traceback|failed|failure|denied|not found|invalid|refused|timeout|exit (?:code|status)"
+ERROR = re.compile(ERROR_WORDS, re.I)
+ERROR_LOWER = re.compile(ERROR_WORDS)  # on a lowercased line: many times faster than re.I
 DECISION = re.compile(
     r"\b(?:decided|decide|chose|choose|will|plan|instead|must|should|conclude|because|so that)\b",
     re.I,
 )
-KEY_VALUE = re.compile(r"\b[\w.-]+\s*(?:=|:)\s*\S")  # a named value: port = 8080, code: E42
+KEY_VALUE = re.compile(r"\b[\w.-]++\s*+[=:]\s*\S")  # a named value: port = 8080, code: E42
+FACT_KINDS = (ERROR, PATH, IDENT, KEY_VALUE)  # a line with one of these is a fact
 PENDING = re.compile(r"\b(?:todo|next|pending|remaining|still need|not yet|then)\b", re.I)
+T = TypeVar("T")
 FACT_WEIGHT = 3  # the facts' section gets this many shares of the room, the others one
 LINE_CHARS = 160  # one kept line at most: around what made it worth keeping
 SCAN_CHARS = 4 * LINE_CHARS  # of each line, searched
 
 
-def _lines(text: str) -> list[str]:
+def is_error(line: str) -> bool:
+    return ERROR_LOWER.search(line.lower()) is not None
+
+
+def is_fact(line: str) -> bool:
+    """Whether ``line`` names something an agent needs later (one of FACT_KINDS)."""
+    return is_error(line) or any(k.search(line) for k in (KEY_VALUE, PATH, IDENT))
+
+
+def lines_of(text: str) -> list[str]:
     """Non-blank lines, each cut to what the patterns look at (long ones are data dumps)."""
     return [ln.strip()[:SCAN_CHARS] for ln in text.splitlines() if ln.strip()]
 
 
-def _around(line: str, *patterns: re.Pattern[str]) -> str:
+def around(line: str, *patterns: re.Pattern[str]) -> str:
     """``line`` cut to LINE_CHARS around the first thing a pattern finds in it."""
     if len(line) <= LINE_CHARS:
         return line
@@ -87,23 +99,22 @@ def summarize(messages: Sequence[Message], previous: str | None, max_chars: int)
         role = m.get("role")
         text = text_of(m)
         if role == "user":
-            for line in _lines(text)[:3]:
+            for line in lines_of(text)[:3]:
                 _add(task, seen, line[:LINE_CHARS])
         for call in _calls(m):
             _add(done, seen, call)
-        for line in _lines(text):
+        for line in lines_of(text):
             for path in PATH.findall(line):
                 if path not in files:
                     files.append(path)
-            kinds = (ERROR, PATH, IDENT, KEY_VALUE)
-            if any(k.search(line) for k in kinds):
-                _add(facts, seen, _around(line, *kinds, NUMBER))
+            if is_fact(line):
+                _add(facts, seen, around(line, *FACT_KINDS, NUMBER))
             elif NUMBER.search(line):
-                _add(numbers, seen, _around(line, NUMBER))
+                _add(numbers, seen, around(line, NUMBER))
             elif role == "assistant" and DECISION.search(line):
-                _add(decisions, seen, _around(line, DECISION))
+                _add(decisions, seen, around(line, DECISION))
             elif role == "assistant" and PENDING.search(line):
-                _add(pending, seen, _around(line, PENDING))
+                _add(pending, seen, around(line, PENDING))
     return _fit(list(sections.items()), max_chars)
 
 
@@ -111,7 +122,7 @@ def _fold(previous: str, sections: dict[str, list[str]], seen: set[str]) -> None
     """An earlier summary's lines, first in their sections (a heading it shares with
     ours) or among the facts (a model-written summary's other lines)."""
     bucket = sections["Facts and values learned"]
-    for line in _lines(previous):
+    for line in lines_of(previous):
         title = line.rstrip(":").strip()
         if line.endswith(":") and title in sections:
             bucket = sections[title]
@@ -137,18 +148,18 @@ def _fit(sections: list[tuple[str, list[str]]], max_chars: int) -> str:
         low, high = 1, len(lines)  # the most lines that fit, spread evenly
         while low < high:
             mid = (low + high + 1) // 2
-            if sum(len(ln) + 3 for ln in _spread(lines, mid)) <= share:
+            if sum(len(ln) + 3 for ln in spread(lines, mid)) <= share:
                 low = mid
             else:
                 high = mid - 1
-        out.append(f"{title}:\n" + "\n".join(f"- {ln}" for ln in _spread(lines, low)))
+        out.append(f"{title}:\n" + "\n".join(f"- {ln}" for ln in spread(lines, low)))
     return "\n".join(out)[:max_chars]
 
 
-def _spread(lines: list[str], count: int) -> list[str]:
+def spread(lines: Sequence[T], count: int) -> list[T]:
     """``count`` of ``lines``, evenly spaced, the first and (for two or more) the last."""
     if count >= len(lines):
-        return lines
+        return list(lines)
     if count == 1:
-        return lines[:1]
+        return list(lines[:1])
     return [lines[round(i * (len(lines) - 1) / (count - 1))] for i in range(count)]

@@ -2,17 +2,18 @@
 
 Over its budget, a conversation goes down the ladder and stops at the first rung that fits:
 
-1. mask the oldest tool outputs (all but the latest ``keep_tool_results``), then clip a
-   recent output that alone would take half the budget;
+1. mask the oldest tool outputs (all but the latest ``keep_tool_results``; each placeholder
+   keeps a short digest of its output), then clip a recent output that alone would take
+   half the budget;
 2. summarize the oldest span of turns (never the system messages, the latest user message
    or the latest ``keep_recent`` messages) into one message, the previous summary folded in;
 3. drop that summarized span, and say so.
 
 Each step starts from what the session's previous step did (``Memory``): the same tool
 outputs masked and the same summary in place give the same prefix, which the engine's prefix
-cache still holds. A rung that must clear more clears at least ``clear_at_least`` tokens,
-so that the next steps fit without condensing again; a summary is written only when the
-span it covers grows.
+cache still holds. A rung that must clear more aims at ``clear_to`` of the budget (and clears
+at least ``clear_at_least`` tokens), so that the next steps fit in the room it made without
+condensing again; a summary is written only when the span it covers grows.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.pipeline.context import masking
 from gateway.pipeline.context import messages as msgs
 from gateway.pipeline.context.messages import Message
 
@@ -48,8 +50,15 @@ class Knobs:
     keep_tool_results: int = 3
     keep_recent: int = 4
     clear_at_least: int = 512
+    clear_to: float = 1.0  # a rung that condenses aims at this share of the budget
     summary_tokens: int = 400  # room kept for the summary when choosing its span
     rungs: frozenset[str] = frozenset({"mask", "summarize", "drop"})  # the rungs tried
+    digest_chars: int = 240  # a masked output's digest at most (0: none)
+
+    @property
+    def low_water(self) -> int:
+        """What a rung that condenses aims at: room for the next steps under the budget."""
+        return int(self.budget * self.clear_to)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +67,7 @@ class Memory:
 
     masked: int = 0  # the oldest maskable tool outputs masked
     masked_span: str | None = None  # hash of the messages up to the last of them
+    placeholders: tuple[str, ...] = ()  # theirs, as sent: not digested again
     cut: int = 0  # messages[head:cut] are summarized (0: no summary)
     span: str | None = None  # their hash: the summary applies only to them
     summary: str | None = None
@@ -106,12 +116,16 @@ class _Plan:
         self.original = list(messages)
         self.knobs = knobs
         self.head = msgs.head_end(messages)
-        self.maskable = msgs.maskable(messages, knobs.keep_tool_results)
+        self.maskable = masking.maskable(messages, knobs.keep_tool_results)
+        self.calls = masking.call_names(messages)
+        self.placeholders: dict[int, Message] = {}  # built once: the ladder tries many
         self.masked = 0
         if 0 < memory.masked <= len(self.maskable):
             last = self.maskable[memory.masked - 1]
             if msgs.span_key(messages[: last + 1]) == memory.masked_span:
                 self.masked = memory.masked  # the same conversation: the same outputs
+                for i, text in zip(self.maskable, memory.placeholders, strict=False):
+                    self.placeholders[i] = {**messages[i], "content": text}
         self.clips: dict[int, Message] = {}
         self.cut, self.summary, self.dropped = 0, None, False
         self.summarizer: str | None = None
@@ -124,7 +138,9 @@ class _Plan:
     def build(self, cut: int | None = None, summary: str | None = None) -> list[Message]:
         cut = self.cut if cut is None else cut
         summary = self.summary if summary is None else summary
-        base = msgs.masked(self.original, self.maskable[: self.masked])
+        base = list(self.original)
+        for i in self.maskable[: self.masked]:
+            base[i] = self.placeholder(i)
         for i, clip in self.clips.items():
             base[i] = clip
         if not cut:
@@ -133,6 +149,12 @@ class _Plan:
         text = None if self.dropped or summary is None else msgs.summary_message(summary, covered)
         return msgs.layout(base, self.head, cut, text)
 
+    def placeholder(self, i: int) -> Message:
+        if i not in self.placeholders:
+            digest = self.knobs.digest_chars
+            self.placeholders[i] = masking.masked(self.original[i], self.calls, digest)
+        return self.placeholders[i]
+
     def memory(self) -> Memory:
         span = msgs.span_key(self.original[self.head : self.cut]) if self.cut else None
         masked = (
@@ -140,7 +162,8 @@ class _Plan:
             if self.masked
             else None
         )
-        return Memory(self.masked, masked, self.cut, span, self.summary, self.dropped)
+        texts = tuple(self.placeholder(i)["content"] for i in self.maskable[: self.masked])
+        return Memory(self.masked, masked, texts, self.cut, span, self.summary, self.dropped)
 
     def report(self, before: int, after: int, exact: bool, fits: bool) -> Report:
         covered = len(msgs.spanned(self.original, self.head, self.cut)) if self.cut else 0
@@ -189,12 +212,13 @@ async def _reuse(plan: _Plan, counter: Counter, summarize: Summarize) -> tuple[i
 
 
 async def _mask(plan: _Plan, counter: Counter, summarize: Summarize) -> tuple[int, bool] | None:
-    """Mask more of the oldest tool outputs: the fewest that bring the request under
-    budget with at least ``clear_at_least`` tokens fewer than before this rung."""
+    """Mask more of the oldest tool outputs: the fewest that bring the request to its
+    low-water mark with at least ``clear_at_least`` tokens fewer than before this rung
+    (all of them when that is not enough; then it is done if they fit the budget)."""
     if plan.masked == len(plan.maskable):
         return None
     start = counter.estimate(plan.build())
-    target = plan.knobs.budget
+    target = plan.knobs.low_water
     first = plan.masked + 1
     for _ in range(EXACT_TRIES):
 
@@ -245,14 +269,15 @@ async def _summarize(
     plan: _Plan, counter: Counter, summarize: Summarize
 ) -> tuple[int, bool] | None:
     """Summarize from the system messages (or the previous summary's end) to the nearest
-    cut that fits with room for the summary, clearing at least ``clear_at_least``."""
+    cut that brings the request to its low-water mark with room for the summary, clearing
+    at least ``clear_at_least``."""
     knobs = plan.knobs
     start = plan.cut or plan.head
     cuts = msgs.cuts(plan.original, start, knobs.keep_recent)
     if not cuts:
         return None
     previous = plan.summary  # folded in, even when it was dropped for want of room
-    target = knobs.budget
+    target = knobs.low_water
     before = counter.estimate(plan.build())
     for _ in range(SUMMARY_TRIES):
 
@@ -288,7 +313,7 @@ async def _drop(plan: _Plan, counter: Counter, summarize: Summarize) -> tuple[in
 
     def enough(c: int) -> bool:
         estimate = counter.estimate(plan.build(cut=c))
-        return estimate <= plan.knobs.budget and before - estimate >= plan.knobs.clear_at_least
+        return estimate <= plan.knobs.low_water and before - estimate >= plan.knobs.clear_at_least
 
     plan.cut = _first(cuts, enough) or cuts[-1]
     return await _fits(plan, counter)

@@ -1,5 +1,6 @@
 """Operations on a chat request's message list, without I/O: which messages may be
-condensed, masking a tool output, where a span may end, and the condensed layout.
+condensed, clipping a tool output, where a span may end, and the condensed layout
+(masking is in ``masking``).
 
 Messages are the client's dicts; nothing here changes them: every function returns new
 lists, and a changed message is a new dict.
@@ -15,7 +16,6 @@ import orjson
 
 Message = dict[str, Any]
 HEAD_ROLES = ("system", "developer")
-MASK_MIN_CHARS = 400  # shorter tool outputs cost less than the placeholder that would replace them
 SUMMARY_PREFIX = "[Summary of earlier steps of this conversation, written by the gateway"
 
 
@@ -47,50 +47,6 @@ def latest_user(messages: Sequence[Message]) -> int | None:
 
 def tool_results(messages: Sequence[Message]) -> list[int]:
     return [i for i, m in enumerate(messages) if m.get("role") == "tool"]
-
-
-def call_names(messages: Sequence[Message]) -> dict[str, tuple[str, str]]:
-    """Tool call id -> (function name, arguments), from the assistants' tool calls."""
-    out: dict[str, tuple[str, str]] = {}
-    for m in messages:
-        for call in m.get("tool_calls") or ():
-            fn = call.get("function") if isinstance(call, dict) else None
-            if isinstance(fn, dict) and isinstance(call.get("id"), str):
-                args = fn.get("arguments")
-                out[call["id"]] = (str(fn.get("name")), args if isinstance(args, str) else "")
-    return out
-
-
-def placeholder(message: Message, calls: dict[str, tuple[str, str]]) -> str:
-    """What replaces a masked tool output: what it was and how to see it again."""
-    call_id = message.get("tool_call_id")
-    name, args = calls.get(call_id, ("the tool", "")) if isinstance(call_id, str) else ("", "")
-    shown = args if len(args) <= 160 else args[:157] + "..."
-    what = f"{name}({shown})" if name else "this tool call"
-    return (
-        f"[output of {what} removed by the gateway to save context: {len(text_of(message))} "
-        "characters. Call the tool again with the same arguments if you need it.]"
-    )
-
-
-def maskable(messages: Sequence[Message], keep_last: int) -> list[int]:
-    """Tool outputs that masking may replace, oldest first: all but the latest
-    ``keep_last``, and only those long enough that a placeholder is shorter."""
-    results = tool_results(messages)
-    old = results[: max(0, len(results) - keep_last)]
-    return [i for i in old if len(text_of(messages[i])) >= MASK_MIN_CHARS]
-
-
-def masked(messages: Sequence[Message], indexes: Sequence[int]) -> list[Message]:
-    """``messages`` with the tool outputs at ``indexes`` replaced by placeholders; the
-    tool calls and their ids stay, so the conversation is still well formed."""
-    if not indexes:
-        return list(messages)
-    calls = call_names(messages)
-    out = list(messages)
-    for i in indexes:
-        out[i] = {**messages[i], "content": placeholder(messages[i], calls)}
-    return out
 
 
 def clipped(message: Message, keep_chars: int) -> Message:

@@ -82,6 +82,8 @@ class Ask:
     fraction: float
     summarizer: str = "fast"
     rungs: tuple[str, ...] = ("mask", "summarize", "drop")
+    clear_to: float = 0.5
+    digest_chars: int = 240
 
 
 def _headers(scope: Scope) -> tuple[bytes | None, bytes | None]:
@@ -124,7 +126,12 @@ def ask(cfg: ContextSettings, parsed: ParsedRequest, scope: Scope) -> Ask:
     fraction = next((o.budget_fraction for o in layers if o.budget_fraction), cfg.budget_fraction)
     summarizer = next((o.summarizer for o in layers if o.summarizer), cfg.summarizer)
     rungs = next((o.rungs for o in layers if o.rungs is not None), cfg.rungs)
-    return Ask(on, budget, fraction, summarizer, tuple(rungs))
+    clear_to = next((o.clear_to_fraction for o in layers if o.clear_to_fraction), None)
+    digest = next((o.mask_digest_chars for o in layers if o.mask_digest_chars is not None), None)
+    return Ask(
+        on, budget, fraction, summarizer, tuple(rungs), clear_to or cfg.clear_to_fraction,
+        cfg.mask_digest_chars if digest is None else digest,
+    )  # fmt: skip
 
 
 class ContextStage:
@@ -192,7 +199,8 @@ class ContextStage:
         )  # fmt: skip
         knobs = Knobs(
             budget, self.cfg.keep_tool_results, self.cfg.keep_recent_messages,
-            self.cfg.clear_at_least_tokens, self.cfg.summary_max_tokens, frozenset(found.rungs),
+            self.cfg.clear_at_least_tokens, found.clear_to, self.cfg.summary_max_tokens,
+            frozenset(found.rungs), found.digest_chars,
         )  # fmt: skip
         key = (parsed.identity.tenant, session_key) if session_key else None
         summarizer = self.summarizer(window, found.summarizer)

@@ -64,7 +64,7 @@ def test_mask_replaces_old_outputs_keeps_calls_and_the_latest_results():
     masked = [r for r in results if "removed by the gateway" in r["content"]]
     assert len(masked) == done.report.masked > 0
     first = masked[0]["content"]
-    assert 'run_shell({"cmd": "cat part_0.txt"})' in first and "Call the tool again" in first
+    assert first.startswith("[run_shell output removed") and "call the tool again" in first
     assert done.report.summarized == 0 and done.report.tokens_after <= budget
     assert done.report.header().startswith(f"masked={done.report.masked}, summarized=0")
 
@@ -87,6 +87,30 @@ def test_the_next_step_keeps_the_condensed_prefix_and_writes_no_summary():
     second = run(later, knobs, memory=first.memory)
     assert second is not None and second.report.masked == first.report.masked
     assert second.messages[: len(first.messages)] == first.messages  # the prefix cache holds
+
+
+def test_a_clearing_aims_at_its_low_water_mark_and_the_next_steps_fit_in_the_room():
+    msgs = session(12)
+    budget = tokens(msgs) - 100  # one masked output would do
+    knobs = Knobs(budget, clear_at_least=0, clear_to=0.6)
+    first = run(msgs, knobs)
+    assert first is not None and first.report.tokens_after <= int(budget * 0.6)
+    just = run(msgs, Knobs(budget, clear_at_least=0))  # clear_to=1: just under the budget
+    assert just is not None and just.report.masked < first.report.masked
+    later = msgs + step(12, 2000) + step(13, 2000)  # two more steps of the same size
+    second = run(later, knobs, memory=first.memory)
+    assert second is not None and second.report.masked == first.report.masked
+    assert second.messages[: len(first.messages)] == first.messages  # no new condensation
+
+
+def test_a_masked_output_keeps_its_named_values_in_the_placeholder():
+    msgs = session(10)
+    done = run(msgs, Knobs(tokens(msgs) // 2, clear_at_least=0))
+    assert done is not None and done.report.masked > 0
+    first = done.messages[3]["content"]  # the first tool output, masked
+    assert "removed by the gateway" in first and "src/module_0.py, checksum 1000" in first
+    bare = run(msgs, Knobs(tokens(msgs) // 2, clear_at_least=0, digest_chars=0))
+    assert bare is not None and "checksum" not in bare.messages[3]["content"]
 
 
 def test_no_tool_output_goes_to_a_summary_that_keeps_system_and_latest_user():

@@ -67,3 +67,15 @@ def test_summarizer_and_rungs_per_key_over_the_config():
     other = replace(other, identity=replace(other.identity, api_key="other"))
     plain = ask(cfg, other, scope())
     assert plain.summarizer == "extractive" and plain.rungs == ("mask", "summarize", "drop")
+
+
+def test_clearing_and_the_masked_outputs_digest_per_key_over_the_config():
+    cfg = ContextSettings.model_validate(
+        {"keys": {"key-1": {"clear_to_fraction": 1.0, "mask_digest_chars": 0}}}
+    )
+    mine = ask(cfg, parsed(), scope())
+    assert mine.clear_to == 1.0 and mine.digest_chars == 0
+    other = parsed()
+    other = replace(other, identity=replace(other.identity, api_key="other"))
+    plain = ask(cfg, other, scope())
+    assert plain.clear_to == 0.5 and plain.digest_chars == 240  # the shipped default
