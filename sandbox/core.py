@@ -13,7 +13,8 @@ The service's endpoints, for reference:
 Every call needs ``Authorization: Bearer <token>`` (compared in constant time).
 A session belongs to the tenant that created it: another tenant's call answers
 404 as if it did not exist. Errors are ``{"error": {"message", "type", "code"}}``.
-If the isolation runtime is unavailable the service refuses to start.
+If the isolation runtime is unavailable, or another service holds the workspace root
+(``sandbox.rootlock``), the service refuses to start.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from sandbox.policy import Decision, Egress, ResourceClass
 from sandbox.policy import Principal as Who
 from sandbox.pool import Pool
 from sandbox.protocol import SessionCreate, ToolCall, ToolResult, scoped_id
+from sandbox.rootlock import RootLock
 from sandbox.runtime import RUNTIMES
 from sandbox.runtime.base import ProcessResult, Runtime
 from sandbox.runtime.bwrap import BwrapRuntime
@@ -88,13 +90,19 @@ class Sandbox:
         self.pool: Pool | None = None  # spare warm sandboxes, for bwrap's warm sessions
         if isinstance(self.runtime, BwrapRuntime) and config.warm and config.pool > 0:
             self.pool = Pool(self.workspaces, self.runtime, config.pool)
-        # Workspaces a previous service left (it crashed, or was killed) are mounted still.
+        # One service per root, before anything under it is touched (``sandbox.rootlock``);
+        # then the workspaces a previous one left (it crashed, or was killed) are swept.
         try:
-            stale = sweep(config.root)
+            self.lock = RootLock(config.root)
+            try:
+                stale = sweep(config.root)
+            except BaseException:
+                self.lock.release()
+                raise
         except PermissionError as exc:  # not root: say so, not a traceback
             raise RuntimeUnavailable(
-                f"cannot clear old workspaces under {config.root} ({exc}); the sandbox "
-                "service runs as root (it mounts workspaces and sets up cgroups)"
+                f"cannot lock or clear old workspaces under {config.root} ({exc}); the "
+                "sandbox service runs as root (it mounts workspaces and sets up cgroups)"
             ) from None
         if stale:
             log.info("removed %d workspaces left under %s", stale, config.root)
@@ -161,7 +169,8 @@ class Sandbox:
         """Stop the pool and remove every session (service shutdown). Workspaces are
         unmounted first, all at once (a runner still inside keeps its own view until it
         stops): a service killed while it stops hundreds of runners leaves no mount on the
-        host; the runners die with it (bubblewrap's ``--die-with-parent``)."""
+        host; the runners die with it (bubblewrap's ``--die-with-parent``). The root's
+        lock goes last."""
         if self.pool is not None:
             await self.pool.close()
         sessions = list(self.sessions.values())
@@ -175,6 +184,7 @@ class Sandbox:
                 await warm.stop()
 
         await asyncio.gather(*(stop(s.warm) for s in sessions if s.warm is not None))
+        self.lock.release()  # last: another service may start on the root now
 
     async def expire(self) -> int:
         """Remove the sessions idle for ``session_ttl_s`` (none with a call in flight)."""

@@ -187,10 +187,14 @@ async def _frames(sandbox: Sandbox, config: SandboxConfig) -> asyncio.AbstractSe
 def create_app(
     config: SandboxConfig, runtime: Runtime | None = None, resolve: Resolver | None = None
 ) -> Starlette:
-    sandbox = Sandbox(config, runtime, resolve)
-    sandbox.runtime.check()  # fail closed: no isolation, no service
-    check_root(config)
-    remove_stale()
+    sandbox = Sandbox(config, runtime, resolve)  # holds the root (``sandbox.rootlock``)
+    try:
+        sandbox.runtime.check()  # fail closed: no isolation, no service
+        check_root(config)
+        remove_stale()
+    except BaseException:
+        sandbox.lock.release()
+        raise
     h = Handlers(sandbox)
 
     async def health(request: Request) -> Response:

@@ -168,5 +168,7 @@ async def test_idle_sessions_are_collected_with_their_workspaces(config: Sandbox
 def test_a_new_service_removes_the_workspaces_an_old_one_left(config: SandboxConfig):
     old = Sandbox(config)
     left = old.create(SessionCreate(principal=WHO)).workspace.root
-    Sandbox(config)  # the old service died without removing its sessions
+    old.lock.release()  # the old service died without removing its sessions (its lock too)
+    new = Sandbox(config)
     assert not mounted(left) and not left.exists()
+    new.lock.release()
