@@ -31,7 +31,7 @@ from backends.supervisor import die_with_parent
 from gateway.config import Settings
 from sandbox.config import SandboxConfig
 
-CANNOT_ISOLATE = 3  # python -m sandbox's exit status when it cannot isolate code here
+CANNOT_ISOLATE = 3  # python -m sandbox's exit status when it refuses to run code (no isolation, root in use)
 # All the sandbox service needs of the gateway's environment: PATH to find bwrap, prlimit,
 # setpriv and runsc; PYTHONPATH where that is how this package is found; the rest is locale,
 # home and temporary directory. Everything else it is told goes through its config file.
@@ -99,8 +99,8 @@ async def start_sandbox(settings: Settings, timeout_s: float = 20.0) -> SandboxP
         return sandbox
     await sandbox.stop()
     if proc.returncode == CANNOT_ISOLATE:
-        log.warning("tool sandbox not started: it cannot isolate code here (its reason is "
-                    "above); tools cannot run until it can")  # fmt: skip
+        log.warning("tool sandbox not started: it refused to run code here (its reason is "
+                    "above: no isolation, or its root in use); tools cannot run until it can")  # fmt: skip
     else:
         log.error("tool sandbox did not start (exit status %s); tools cannot run", proc.returncode)
     return None
