@@ -31,7 +31,8 @@ from backends.supervisor import die_with_parent
 from gateway.config import Settings
 from sandbox.config import SandboxConfig
 
-CANNOT_ISOLATE = 3  # python -m sandbox's exit status when it refuses to run code (no isolation, root in use)
+# python -m sandbox's exit status when it refuses to run code (no isolation, root in use)
+CANNOT_ISOLATE = 3
 # All the sandbox service needs of the gateway's environment: PATH to find bwrap, prlimit,
 # setpriv and runsc; PYTHONPATH where that is how this package is found; the rest is locale,
 # home and temporary directory. Everything else it is told goes through its config file.
