@@ -19,7 +19,12 @@ sessions at once), with prompt ids stored by reference to the previous step
 (``agent_writer_cpu_ms_per_step``, ``agent_prompt_kib_per_step``) and stored whole as
 before (``..._whole``), alternated in one run.
 
-    python -m bench.recorder [--quick] [--sessions-only] [--latency-ms 50] [--plot FILE]
+Part 4 (``bench.writer_chain``): the writer on named agent sessions of 10, 30 and 60 steps,
+hashing each step's whole history against hashing what the step adds
+(``named_sessions``, ``writer_chain_ratio_60_steps``).
+
+    python -m bench.recorder [--quick] [--sessions-only] [--chain-only] [--latency-ms 50]
+                             [--plot FILE]
 
 The last line printed is one JSON object. ``throughput_ratio_recording_on`` is the
 engine-bound non-streamed ratio (32 clients, 50 ms per answer: at most 640
@@ -46,6 +51,7 @@ from sqlalchemy import func, select
 
 from bench.gateway_overhead import CLIENT_CORE, GEARSHIFT_CORE, Target, free_port, loadgen
 from bench.procs import pinned, process_cpu_seconds, start, stop, wait_http
+from bench.writer_chain import chain_runs
 
 
 def start_gateway(tmp: Path, name: str, mock_url: str, record: bool) -> Target:
@@ -277,6 +283,10 @@ def agent_keys(agent: dict[str, dict[str, float]]) -> dict[str, float]:
     }
 
 
+def chain_keys(named: dict[str, dict[str, float]]) -> dict[str, Any]:
+    return {"writer_chain_ratio_60_steps": named["60"]["ratio"], "named_sessions": named}
+
+
 def store_rates(tmp: Path, quick: bool) -> dict[str, float]:
     batches = 4 if quick else 20
     rates = {"sqlite": store_rate(f"sqlite:///{tmp}/raw.db", batches)}
@@ -340,9 +350,17 @@ def main() -> None:
         "--sessions-only", action="store_true",
         help="only part 3 (the writer on agent sessions, by reference vs whole)",
     )  # fmt: skip
+    p.add_argument(
+        "--chain-only", action="store_true",
+        help="only part 4 (the writer on named sessions: whole-history vs incremental hashing)",
+    )  # fmt: skip
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="gearshift-bench-recorder-") as d:
         tmp = Path(d)
+        named = chain_runs(tmp, a.quick)
+        if a.chain_only:
+            print(json.dumps(chain_keys(named)))
+            return
         agent = session_runs(tmp, a.quick)
         if a.sessions_only:
             print(json.dumps(agent_keys(agent)))
@@ -368,6 +386,7 @@ def main() -> None:
         "steps_per_s": round(rates["sqlite"]),
         "steps_per_s_postgresql": round(rates["postgresql"]) if "postgresql" in rates else None,
         **agent_keys(agent),
+        **chain_keys(named),
     }
     if a.plot:
         plot(result, a.plot)

@@ -5,8 +5,10 @@ A call is answered either by a tool message of a later request of its session (p
 here with the call it names) or by the sandbox run that executed it (``ToolResultRecord``).
 Either answer finds the call pending in the batch or, failing that, committed. What a
 session has called before, by signature, is remembered so that a repeated call is
-rewarded without a query; the writer drops a session's entry when another writer has
-added steps to it (``gateway.recording.numbering``).
+rewarded without a query, and so are the call ids that no open call of a session has (its
+answered calls, and ids found open nowhere), so that the results an agent resends with every
+step are looked up once, not at every step. The writer drops a session's entries when another
+writer has added steps to it (``gateway.recording.numbering``).
 """
 
 from __future__ import annotations
@@ -43,17 +45,22 @@ class ToolCalls:
 
     def __init__(self, cache: int) -> None:
         self._made = LRU(cache)  # session id -> signatures of its tool calls
+        # session id -> call ids no call of it is open under (a new call reopens its id)
+        self._settled = LRU(cache)
 
     def clear(self) -> None:
         self._made.clear()
+        self._settled.clear()
 
     def forget(self, sid: str) -> None:
         """Read session ``sid``'s calls again from the store when next needed."""
         self._made.pop(sid, None)
+        self._settled.pop(sid, None)
 
     def new_session(self, sid: str) -> None:
         """Session ``sid`` was started by this writer: it has made no call yet."""
         self._made.put(sid, set())
+        self._settled.put(sid, set())
 
     def row(
         self,
@@ -95,6 +102,15 @@ class ToolCalls:
             "_repeated": repeated,
         }
 
+    def add(self, p: Pending, rows: list[dict[str, Any]]) -> None:
+        """Put a step's call rows in the batch (after its results: a request's results
+        answer earlier calls); a new call opens its id again."""
+        p.add_calls(rows)
+        for row in rows:
+            settled = self._settled.get(row["session_id"])
+            if settled is not None:
+                settled.discard(row["call_id"])
+
     def results(
         self,
         conn: Connection,
@@ -106,7 +122,8 @@ class ToolCalls:
         created: datetime,
     ) -> list[dict[str, Any]]:
         """Pair tool messages in this request with the open calls they answer: this batch's
-        in memory, then committed ones (unless the session had nothing committed)."""
+        in memory, then committed ones (unless the session had nothing committed, or the
+        call id is settled: looked up or answered before)."""
         results: dict[Any, Any] = {
             m.get("tool_call_id"): m.get("content")
             for m in messages or ()
@@ -117,10 +134,18 @@ class ToolCalls:
         # (the call's row when it is pending in this batch, else its id; exit status; result)
         found: list[tuple[dict[str, Any] | str, int | None, str]] = []
         mine = p.open_calls.get(sid, {})
+        settled = self._settled.get(sid)
+        if settled is None:
+            settled = set()
+            self._settled.put(sid, settled)
         for call_id in list(results):
             row = mine.pop(call_id, None)
             if row is not None:
                 found.append((row, None, text_of(results.pop(call_id))))
+                settled.add(call_id)
+            elif call_id in settled:
+                del results[call_id]
+        settled.update(results)  # answered below, or open nowhere
         if results and sid not in p.fresh:
             params = {"sid": sid, "call_ids": list(results)}
             for call_pk, call_id, exit_status in conn.execute(OPEN_CALLS, params):

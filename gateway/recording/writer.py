@@ -57,6 +57,7 @@ class StepWriter:
         hooks: list[tuple[str, rewards.Hook]] | None = None,
         cache: int = 100_000,
         prompt_cache_mb: float = 64.0,
+        history_cache_mb: float = 64.0,
     ):
         self.hooks = hooks or []
         self._cache = cache
@@ -67,6 +68,9 @@ class StepWriter:
         self._numbers = SessionNumbers(cache, forget=self._calls.forget)
         # session id -> its last step's prompt ids, which the next one's refer to
         self._lasts = Lasts(int(prompt_cache_mb * 2**20))
+        # the open hashes of recent continuations: a session's next step hashes only what
+        # it adds to its history (0 MB: every step hashes its whole history)
+        self._histories = chain.ChainCache(max_mb=history_cache_mb)
         self._pending = Pending()
 
     def forget_caches(self) -> None:
@@ -106,7 +110,7 @@ class StepWriter:
         else:
             hashed = None
             if isinstance(messages, list):
-                history = chain.History(messages)
+                history = chain.History(messages, self._histories)
                 prefix = history.prefix()
         sid, rewritten = self._session(conn, rec, prefix)
         if rec.context is not None:  # a condensed prompt: its summary steps, then the event
@@ -160,7 +164,7 @@ class StepWriter:
         # The results this request carries answer earlier calls, not this step's own.
         reward_rows += self._calls.results(conn, p, rec, sid, rec.step_ids[0], messages, created)
         p.steps.extend(step_rows)
-        p.add_calls(call_rows)
+        self._calls.add(p, call_rows)
         p.rewards.extend(reward_rows)
 
     # -- pieces ------------------------------------------------------------

@@ -9,11 +9,17 @@ get different answers, hence different continuations, and stay apart.
 Messages are reduced to what identifies them (role, text, tool calls, tool call
 id) because SDKs re-serialize the assistant message they got back (``refusal:
 null``, reordered keys, re-dumped JSON arguments).
+
+An agent's step resends the history its last step hashed. With a ``ChainCache`` the
+hash of that step's continuation is kept open (SHA-256 is computed front to back, and the
+hashed array is its elements' bytes joined), so the next step reduces and hashes only the
+messages it adds: the same hashes, at a cost per step that does not grow with the session.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from typing import Any
 
 import orjson
@@ -56,34 +62,191 @@ def _digest(canonical: list[list[Any]]) -> str:
 
 
 def history_hash(messages: list[Any]) -> str:
+    """The definition of every hash here: SHA-256 of the JSON array of the messages'
+    canonical forms. ``History`` computes the same bytes piece by piece."""
     return _digest([_canonical(m) for m in messages])
+
+
+def _part(message: Any) -> bytes:
+    """A message's canonical form as it appears in the array ``history_hash`` hashes:
+    orjson writes an array as ``[``, its elements' own JSON joined by ``,``, and ``]``."""
+    return orjson.dumps(_canonical(message))
+
+
+def _last_assistant(messages: list[Any]) -> int | None:
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if isinstance(m, dict) and m.get("role") == "assistant":
+            return i
+    return None
+
+
+class _Open:
+    """A SHA-256 that has taken ``[`` and the canonical forms of ``messages`` (comma
+    separated) and is not closed yet: closing it gives their ``history_hash``; extending a
+    copy continues the array without hashing the messages again."""
+
+    __slots__ = ("messages", "sha", "size")
+
+    def __init__(self, sha: Any, messages: list[Any], size: int) -> None:
+        self.sha, self.messages, self.size = sha, messages, size
+
+    @classmethod
+    def start(cls) -> _Open:
+        return cls(hashlib.sha256(b"["), [], 1)
+
+    def extended(self, messages: list[Any], parts: list[bytes]) -> _Open:
+        if not parts:
+            return self
+        data = b",".join(parts)
+        if self.size > 1:  # something before: every part is at least ``[]``
+            data = b"," + data
+        sha = self.sha.copy()
+        sha.update(data)
+        return _Open(sha, self.messages + messages if messages else self.messages,
+                     self.size + len(data))  # fmt: skip
+
+    def closed(self) -> str:
+        sha = self.sha.copy()
+        sha.update(b"]")
+        return str(sha.hexdigest())
 
 
 class History:
     """A request's messages reduced once, for its prefix hash and the continuation hash of
-    each of its answers (a request with ``n`` samples has ``n``)."""
+    each of its answers (a request with ``n`` samples has ``n``).
 
-    __slots__ = ("_canonical", "_last_assistant", "_prefix")
+    With a ``ChainCache``, the history up to its last assistant message is looked up among
+    the continuations computed before (the previous step of the session, as a rule): when
+    found, only the messages after it are reduced and hashed, so a step costs what it
+    adds, not the whole history; otherwise the whole history is, as without a cache. The
+    hashes are the same either way (``history_hash`` of the same messages)."""
 
-    def __init__(self, messages: list[Any]) -> None:
-        self._canonical = [_canonical(m) for m in messages]
-        self._last_assistant = max(
-            (i for i, c in enumerate(self._canonical) if c[0] == "assistant"), default=None
-        )
+    __slots__ = ("_all", "_cache", "_found", "_head", "_prefix")
+
+    def __init__(self, messages: list[Any], cache: ChainCache | None = None) -> None:
+        last = _last_assistant(messages)
+        cut = 0 if last is None else last + 1
+        found = cache.find(messages, last) if cache is not None and last is not None else None
+        if found is None:
+            parts = [_part(m) for m in messages]
+            head = _Open.start().extended(messages[:cut], parts[:cut])
+            rest = parts[cut:]
+        else:
+            head, rest = found.head, [_part(m) for m in messages[cut:]]
+        self._cache, self._found = cache, found
+        self._head = head if last is not None else None
+        self._all = head.extended(messages[cut:], rest)
         self._prefix: str | None = None
 
     def prefix(self) -> str | None:
         """Hash of the history up to the last assistant message; None when there is none."""
-        last = self._last_assistant
-        if last is not None and self._prefix is None:
-            self._prefix = _digest(self._canonical[: last + 1])
+        if self._head is not None and self._prefix is None:
+            self._prefix = self._head.closed()
         return self._prefix
 
     def continuation(self, answer: dict[str, Any] | None) -> str | None:
         """Hash of the history followed by ``answer``: the next step's prefix hash."""
         if answer is None:
             return None
-        return _digest([*self._canonical, _canonical({"role": "assistant", **answer})])
+        part = _part({"role": "assistant", **answer})
+        opened = self._all.extended([], [part])  # the request's messages and the answer's part
+        if self._cache is not None:
+            self._cache.put(part, opened, self._found)
+            self._found = None  # the link it extended is superseded once
+        return opened.closed()
+
+
+class _Found:
+    """A cache hit: the open hash through the request's last assistant message, and the
+    link it came from."""
+
+    __slots__ = ("head", "key", "link")
+
+    def __init__(self, head: _Open, key: tuple[int, bytes], link: _Open) -> None:
+        self.head, self.key, self.link = head, key, link
+
+
+class ChainCache:
+    """Recent continuations as open hashes (``_Open``), found by the answer they end with
+    and its position: the next step of a session resends that answer (re-serialized by
+    its SDK: compared in canonical form) after the same messages (compared as the values
+    they parse to; a validated request holds strings there, where Python's equality is
+    JSON's). A link is dropped once a step has extended it, and the least recently used
+    go first past ``max_links`` or ``max_mb`` (the hashed bytes a link covers plus
+    ``PER_MESSAGE`` a message: about the parsed messages it keeps alive). Not shared
+    between threads: one per process that hashes (the writer's, routing's)."""
+
+    PER_MESSAGE = 256
+    # links ending in the same answer at the same position: samples of one prompt that
+    # answered alike (each sample's session extends a link of its own)
+    CANDIDATES = 64
+
+    def __init__(self, max_links: int = 8192, max_mb: float = 64.0) -> None:
+        self.max_links = max_links
+        self.max_bytes = int(max_mb * 2**20)
+        self._links: OrderedDict[tuple[int, bytes], list[_Open]] = OrderedDict()
+        self._bytes = self._count = 0
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def _cost(self, link: _Open) -> int:
+        return link.size + self.PER_MESSAGE * len(link.messages)
+
+    def find(self, messages: list[Any], last: int) -> _Found | None:
+        """The open hash of ``messages[: last + 1]`` (``last`` its last assistant message)
+        when a link covers the same history."""
+        key = (last, _part(messages[last]))
+        before = messages[:last]
+        for link in self._links.get(key, ()):
+            if link.messages == before:
+                self._links.move_to_end(key)
+                self.hits += 1
+                # the link's own message objects: one copy of a history for a whole session
+                head = _Open(link.sha, [*link.messages, messages[last]], link.size)
+                return _Found(head, key, link)
+        self.misses += 1
+        return None
+
+    def put(self, part: bytes, link: _Open, found: _Found | None) -> None:
+        """Keep ``link`` (a request's messages followed by the answer ``part``, open), in
+        place of the link the request's history was found by."""
+        if found is not None:
+            self._drop(found.key, found.link)
+        if self.max_links <= 0 or self.max_bytes <= 0:
+            return
+        key = (len(link.messages), part)
+        links = self._links.setdefault(key, [])
+        links.insert(0, link)
+        self._links.move_to_end(key)
+        self._bytes += self._cost(link)
+        self._count += 1
+        if len(links) > self.CANDIDATES:
+            self._forget(links.pop())
+        while self._links and (self._count > self.max_links or self._bytes > self.max_bytes):
+            oldest, links = next(iter(self._links.items()))
+            self._forget(links.pop())  # that key's oldest link
+            if not links:
+                del self._links[oldest]
+
+    def _forget(self, link: _Open) -> None:
+        self._bytes -= self._cost(link)
+        self._count -= 1
+
+    def _drop(self, key: tuple[int, bytes], link: _Open) -> None:
+        links = self._links.get(key)
+        if links is None or link not in links:
+            return
+        links.remove(link)
+        self._forget(link)
+        if not links:
+            del self._links[key]
 
 
 def prefix_hash(messages: Any) -> str | None:

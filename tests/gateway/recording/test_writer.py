@@ -209,3 +209,56 @@ def test_a_result_for_a_call_nobody_made_changes_nothing(engine):
     (step,) = named(loop(1))
     write(engine, [[step, sandbox_result("call-404")]])
     assert sandbox_rows(engine) == ([], [])
+
+
+def stored_chain(engine: Engine) -> list[tuple[Any, ...]]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(steps.c.session_id, steps.c.rewritten, steps.c.prefix_sha256,
+                   steps.c.continuation_sha256).order_by(steps.c.seq)
+        ).all()  # fmt: skip
+    return [tuple(r) for r in rows]
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_named_session_links_its_steps_across_a_restart(engine, restart):
+    """A named session's writer hashes the history itself, from the open hash its last step
+    left; a writer just started has none and hashes it whole: the same hashes, linked."""
+    records = named(loop(4))
+    writers = [StepWriter(), StepWriter()] if restart else [StepWriter()] * 2
+    for writer, batch in zip(writers, (records[:2], records[2:]), strict=True):
+        with engine.begin() as conn:
+            writer.write(conn, batch)
+    rows = stored_chain(engine)
+    assert {r[0] for r in rows} == {rows[0][0]} and not any(r[1] for r in rows)
+    for rec, (_, _, prefix, cont) in zip(records, rows, strict=True):
+        messages = rec.request["messages"]  # type: ignore[index]
+        answer = rec.choices[0].message
+        assert cont == chain.history_hash([*messages, answer])
+        assert prefix == (chain.history_hash(messages[:-1]) if len(messages) > 2 else None)
+    assert [r[2] for r in rows[1:]] == [r[3] for r in rows[:-1]]
+
+
+def test_a_call_id_used_again_is_answered_again(engine):
+    """Results resent with every step are looked up once; a call that reuses an answered
+    call's id is open again, and its result is paired with it."""
+    messages: list[dict[str, Any]] = [SYSTEM, USER]
+    batches = []
+    for i in range(4):
+        answer = {"role": "assistant", "content": None, "tool_calls": [call(i % 2)]}
+        (rec,) = named(loop(1))
+        rec.request = {"model": "auto", "messages": list(messages)}
+        rec.choices = [ChoiceCapture(0, answer, [1], [-0.1], "tool_calls")]
+        batches.append([rec])
+        messages += [
+            answer,
+            {"role": "tool", "tool_call_id": f"call-{i % 2}", "content": f"ok {i}"},
+        ]
+    write(engine, batches)
+    with engine.connect() as conn:
+        answered = conn.execute(
+            select(tool_calls.c.call_id, tool_calls.c.result).order_by(tool_calls.c.created_at)
+        ).all()  # fmt: skip
+    assert [tuple(a) for a in answered] == [
+        ("call-0", "ok 0"), ("call-1", "ok 1"), ("call-0", "ok 2"), ("call-1", None),
+    ]  # fmt: skip
