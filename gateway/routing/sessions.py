@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway.store.chain import History
+from gateway.store.chain import ChainCache, History
 from gateway.upstream.pool import TierPool
 from gateway.upstream.scrape import Scraper
 from router.tokens import Anchor
@@ -106,6 +106,9 @@ class RouteSessions:
         self.max_sessions = max_sessions
         self.ttl_s = ttl_s
         self._table: OrderedDict[tuple[str, str], tuple[float, SessionState]] = OrderedDict()
+        # the last step's open hash of each unnamed chat session: the next step hashes only
+        # the messages it adds (the same keys; ``gateway.store.chain.ChainCache``)
+        self.chains = ChainCache(max_mb=32.0)
 
     def __len__(self) -> int:
         return len(self._table)
@@ -132,7 +135,7 @@ class RouteSessions:
             return SessionKeys(opening, opening)
         history: History | None
         try:
-            reduced = History(messages)
+            reduced = History(messages, self.chains)
             history, prefix = reduced, reduced.prefix()
         except (TypeError, ValueError):  # content orjson cannot serialize: no chain
             history, prefix = None, None

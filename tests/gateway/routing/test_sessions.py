@@ -100,6 +100,11 @@ def test_unnamed_sessions_follow_the_hash_chain_of_their_answers():
     assert state is not None and (state.steps, state.fast_failures) == (2, 1)
     unknown = table.keys("t", None, {"messages": step("a summary of the work so far")})
     assert unknown.key == first.key and not unknown.chained
+    # each chained step continued its previous step's open hash (the same keys as hashing
+    # the whole history: a, b and after_a found theirs; the summary's history is new)
+    assert (table.chains.hits, table.chains.misses) == (3, 1)
+    whole = History(step("plan A", {"role": "user", "content": "go"})).prefix()
+    assert a.key == "chain:" + str(whole)
 
 
 def test_named_sessions_do_not_chain():
