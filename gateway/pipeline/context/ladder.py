@@ -3,8 +3,8 @@
 Over its budget, a conversation goes down the ladder and stops at the first rung that fits:
 
 1. mask the oldest tool outputs (all but the latest ``keep_tool_results``; each placeholder
-   keeps a short digest of its output), then clip a recent output that alone would take
-   half the budget;
+   keeps a short digest of its output; without the digests when all of them masked are
+   still over), then clip a recent output that alone would take half the budget;
 2. summarize the oldest span of turns (never the system messages, the latest user message
    or the latest ``keep_recent`` messages) into one message, the previous summary folded in;
 3. drop that summarized span, and say so.
@@ -155,6 +155,15 @@ class _Plan:
             self.placeholders[i] = masking.masked(self.original[i], self.calls, digest)
         return self.placeholders[i]
 
+    def bare(self) -> bool:
+        """Every masked output's placeholder without its digest; False when none had one."""
+        changed = False
+        for i in self.maskable[: self.masked]:
+            plain = masking.masked(self.original[i], self.calls, 0)
+            changed = changed or plain["content"] != self.placeholder(i)["content"]
+            self.placeholders[i] = plain
+        return changed
+
     def memory(self) -> Memory:
         span = msgs.span_key(self.original[self.head : self.cut]) if self.cut else None
         masked = (
@@ -236,6 +245,14 @@ async def _mask(plan: _Plan, counter: Counter, summarize: Summarize) -> tuple[in
         target -= tokens - counter.estimate(plan.build())
         first = plan.masked + 1
     return (tokens, exact) if tokens <= plan.knobs.budget else None
+
+
+async def _bare(plan: _Plan, counter: Counter, summarize: Summarize) -> tuple[int, bool] | None:
+    """Every maskable output masked and still over: the placeholders without their digests,
+    before anything is summarized (a digest is worth less than the turns a summary takes)."""
+    if not plan.masked or plan.masked < len(plan.maskable) or not plan.bare():
+        return None
+    return await _fits(plan, counter)
 
 
 def _first(candidates: Sequence[int], ok: Callable[[int], bool]) -> int | None:
@@ -320,6 +337,7 @@ async def _drop(plan: _Plan, counter: Counter, summarize: Summarize) -> tuple[in
 
 
 RUNGS = (
-    ("reuse", _reuse), ("mask", _mask), ("mask", _clip), ("summarize", _summarize),
+    ("reuse", _reuse), ("mask", _mask), ("mask", _bare), ("mask", _clip),
+    ("summarize", _summarize),
     ("drop", _drop),
 )  # fmt: skip

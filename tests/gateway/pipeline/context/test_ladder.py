@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.pipeline.context import extractive
+from gateway.pipeline.context import extractive, masking
 from gateway.pipeline.context.counting import RequestCounter
 from gateway.pipeline.context.ladder import Knobs, Memory, condense
 from gateway.pipeline.context.messages import SUMMARY_PREFIX, text_of
@@ -111,6 +111,28 @@ def test_a_masked_output_keeps_its_named_values_in_the_placeholder():
     assert "removed by the gateway" in first and "src/module_0.py, checksum 1000" in first
     bare = run(msgs, Knobs(tokens(msgs) // 2, clear_at_least=0, digest_chars=0))
     assert bare is not None and "checksum" not in bare.messages[3]["content"]
+
+
+def test_masking_drops_the_digests_before_anything_is_summarized():
+    """All old outputs masked with their digests still over, masked without them under: the
+    request is masked, bare, and nothing is summarized."""
+    msgs = session(10, chars=4000) + [m for i in range(10, 13) for m in step(i, 300)]
+    calls, old = masking.call_names(msgs), masking.maskable(msgs, 3)
+
+    def all_masked(digest_chars: int) -> int:
+        out = list(msgs)
+        for i in old:
+            out[i] = masking.masked(msgs[i], calls, digest_chars)
+        return tokens(out)
+
+    low, high = all_masked(0), all_masked(240)
+    assert len(old) == 10 and low < high
+    summarizer = Recorder()
+    done = run(msgs, Knobs((low + high) // 2, clear_at_least=0), summarizer)
+    assert done is not None and done.report.fits, done.report
+    assert (done.report.masked, done.report.summarized) == (10, 0) and not summarizer.calls
+    assert "Kept lines" not in done.messages[3]["content"]
+    assert done.memory.placeholders[0] == done.messages[3]["content"]  # the next step's too
 
 
 def test_no_tool_output_goes_to_a_summary_that_keeps_system_and_latest_user():
