@@ -41,8 +41,9 @@ JSON object: the headline arm's (``--headline``; the fast tier, or the first lev
 ``answer_speedup_c1``, ``rps_speedup_c4``, ``length_ratio_c1``, ``quality_retention``,
 ``quality_retention_ci_low``, ``agentic_step_speedup_c1``, ``agentic_rps_speedup_c4``,
 ``agentic_length_ratio_c1``, ``agentic_toolcall_agreement`` (and its ``_ci_low``), and
-everything measured under ``arms``. ``--quick`` replays the first three steps of one
-agentic session, at most 16 tokens each.
+everything measured under ``arms``. ``--quick`` replays the first step (a forced tool call)
+of two agentic sessions, at most 16 tokens each, at concurrency 1 only and without a warm-up
+(so ``agentic_rps_speedup_c4`` is null).
 """
 
 from __future__ import annotations
@@ -137,7 +138,9 @@ def agentic_steps(args: argparse.Namespace) -> list[Step]:
     if args.agentic_sessions == 0 or not args.agentic.exists():
         return []
     steps = load(args.agentic, args.agentic_sessions, 16 if args.quick else None)
-    return steps[:3] if args.quick else steps  # a smoke run: three steps of one session
+    if args.quick:  # a smoke run: each session's first step, a forced call on the shortest prompt
+        return [s for s in steps if s.step == 0]
+    return steps
 
 
 def agentic(args: argparse.Namespace, arms: Sequence[Arm], result: dict[str, Any]) -> None:
@@ -146,8 +149,10 @@ def agentic(args: argparse.Namespace, arms: Sequence[Arm], result: dict[str, Any
     if not steps:
         return
     began = time.perf_counter()
-    conc = [int(c) for c in args.concurrency.split(",")]
-    got = asyncio.run(replay(arms, steps, conc, not args.no_warmup, args.progress, args.boot))
+    # --quick: concurrency 1 only, no warm-up (the servers answered the other workloads)
+    conc = [1] if args.quick else [int(c) for c in args.concurrency.split(",")]
+    warmup = not (args.no_warmup or args.quick)
+    got = asyncio.run(replay(arms, steps, conc, warmup, args.progress, args.boot))
     print(f"  speed agentic: {len(steps)} steps in {time.perf_counter() - began:.0f} s", flush=True)  # fmt: skip
     for arm in arms:
         entry = result["arms"].setdefault(arm.name, {})
@@ -322,7 +327,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.repetitive, args.boot = min(args.repetitive, 4), min(args.boot, 200)
         args.agentic_sessions = (
-            1 if args.agentic_sessions is None else min(args.agentic_sessions, 1)
+            2 if args.agentic_sessions is None else min(args.agentic_sessions, 2)
         )
     result = run(args)
     print(json.dumps(result), flush=True)

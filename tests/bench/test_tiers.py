@@ -169,6 +169,9 @@ def test_a_run_ends_with_the_headline_json(capsys):
     assert last == alone
     assert both["headline"] == "fast" and both["answer_speedup_c1"] > 0
     assert both["length_ratio_c1"] == 1.0 and both["rps_speedup_c4"] > 0
+    # --quick's agentic cell: the first step of two sessions, concurrency 1 only
+    assert both["arms"]["fast"]["agentic_toolcall"]["tool_steps"] == 2
+    assert both["agentic_toolcall_agreement"] == 1.0 and both["agentic_rps_speedup_c4"] is None
     for result in (both, alone):
         greedy = result["arms"]["fast"]["quality"]["greedy"]
         # the same answers on both arms: BFCL's irrelevance task is right (no tool called)
