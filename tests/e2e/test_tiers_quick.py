@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench.tiers import main
+
+pytestmark = pytest.mark.e2e  # runs at the end, with the session's stack
 
 
 def test_quick_run_reports_per_answer_speed_and_paired_quality(real_stack, capsys):
