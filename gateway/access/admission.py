@@ -74,8 +74,8 @@ class Admission:
         self.reserve_max_tokens = reserve_max_tokens
         self.ledger: Ledger | None = None  # set when the store is on
         self.limits: Mapping[tuple[str, str], Limits] = {}  # replaced by the sync
-        # a key's or tenant's counters in the current windows, built once per second
-        self._counters: dict[tuple[str, str, int], tuple[Limits, list[Counter]]] = {}
+        # a key's (and its tenant's) counters in the current windows, built once per second
+        self._plans: dict[tuple[str, str, int], _Plan] = {}
 
     async def admit(
         self, tenant: str, key_name: str, body: Mapping[str, Any], raw: bytes
@@ -95,30 +95,41 @@ class Admission:
         if (own is None and shared is None) or self.ledger is None:
             return None
         now = time.time()
+        plan = self._plan(tenant, key_name, own, shared, now)
+        if not plan.counters:
+            return None
         size = len(raw) or len(orjson.dumps(body))
         tokens = estimate(body, size, self.reserve_max_tokens)
-        items: Taken = []
-        for name, limits in ((key_name, own), ("", shared)):
-            if limits is not None:
-                for c in self._counters_of(tenant, name, limits, now):
-                    items.append((c, 1 if c.unit == "requests" else tokens))
-        if not items:
-            return None
+        items: Taken = [(c, 1 if per_request else tokens) for c, per_request in plan.counters]
         result = await self.ledger.reserve(items)
         if isinstance(result, Counter):
             raise self._refused(result, tokens, now)
-        soft_least = min(lim.soft_percent for lim in (own, shared) if lim is not None)
-        return Ticket(self.ledger, items, self._warnings(tenant, items, result, soft_least))
+        return Ticket(self.ledger, items, self._warnings(tenant, plan, items, result))
 
-    def _counters_of(self, tenant: str, name: str, limits: Limits, now: float) -> list[Counter]:
+    def _plan(
+        self, tenant: str, key_name: str, own: Limits | None, shared: Limits | None, now: float
+    ) -> _Plan:
+        """The key's and its tenant's counters in the current windows, built once a second
+        (and again when the sync replaces their limits)."""
         second = int(now)
-        cached = self._counters.get((tenant, name, second))
-        if cached is not None and cached[0] is limits:
-            return cached[1]
-        if len(self._counters) > 10_000:  # past seconds' entries
-            self._counters.clear()
-        built = _counters(tenant, name, limits, now)
-        self._counters[(tenant, name, second)] = (limits, built)
+        cached = self._plans.get((tenant, key_name, second))
+        if cached is not None and cached.own is own and cached.shared is shared:
+            return cached
+        if len(self._plans) > 10_000:  # past seconds' entries
+            self._plans.clear()
+        counters = [
+            (c, c.unit == "requests")
+            for name, limits in ((key_name, own), ("", shared))
+            if limits is not None
+            for c in _counters(tenant, name, limits, now)
+        ]
+        soft_least = min(lim.soft_percent for lim in (own, shared) if lim is not None)
+        watched = tuple(  # budgets (not per-minute limits): their soft thresholds warn
+            (i, soft_least * c.cap)
+            for i, (c, _) in enumerate(counters)
+            if windows.period_of(c.window) != "minute"
+        )
+        built = self._plans[(tenant, key_name, second)] = _Plan(own, shared, counters, watched)
         return built
 
     def _refused(self, counter: Counter, tokens: int, now: float) -> Exception:
@@ -144,24 +155,35 @@ class Admission:
         )
 
     def _warnings(
-        self, tenant: str, items: Taken, totals: list[int], soft_least: int
+        self, tenant: str, plan: _Plan, items: Taken, totals: list[int]
     ) -> dict[str, str]:
         """Budgets past their soft threshold: a header for the client, a metric to alert on."""
         notes = []
-        for (counter, _), total in zip(items, totals, strict=True):
-            if 100 * total < soft_least * counter.cap:  # below either soft threshold
+        for i, threshold in plan.watched:
+            total = totals[i]
+            if 100 * total < threshold:  # below either soft threshold
                 continue
-            period = windows.period_of(counter.window)
-            if period == "minute":
-                continue
+            counter = items[i][0]
             limits = self.limits.get((tenant, counter.key_name))
             soft = limits.soft_percent if limits is not None else 100
             percent = 100 * total / counter.cap if counter.cap else 100.0
             if percent >= soft:
                 scope = "key" if counter.key_name else "tenant"
+                period = windows.period_of(counter.window)
                 self.metrics.budget_soft.labels(tenant, scope, period).inc()
                 notes.append(f"{scope} {period} {math.floor(percent)}%")
         return {WARNING_HEADER: ", ".join(notes)} if notes else {}
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a key's request reserves, for one second: each counter (and whether it counts
+    requests, else tokens), and the budgets' soft thresholds (index, soft percent x cap)."""
+
+    own: Limits | None
+    shared: Limits | None
+    counters: list[tuple[Counter, bool]]
+    watched: tuple[tuple[int, int], ...]
 
 
 def _counters(tenant: str, name: str, limits: Limits, now: float) -> list[Counter]:

@@ -1,8 +1,10 @@
 """The usage ledger's client: reservations from this replica's shares, and the store
 transactions that grant, flush and return them (``gateway.access.shares``).
 
-A reservation its shares cover is taken under a lock, in the event loop: no store call.
-One that they do not cover is queued for the ledger's thread, which owns a connection to
+A reservation its shares cover is taken under a lock, in the event loop: no store call;
+a take that leaves a share running low (half a block left, far from the cap) also queues a
+refill, so that the thread tops the share up before a request has to wait for it. One that
+they do not cover is queued for the ledger's thread, which owns a connection to
 the store. Each turn it takes everything queued (every request that missed while the last
 transaction ran), adds the flush that is due, and applies it all in one transaction
 (``gateway.store.ledger``): lock and read the rows with this replica's leases on them,
@@ -63,6 +65,13 @@ class _Reserve:
 
 
 @dataclass(slots=True)
+class _Refill:
+    """Shares that a take left running low: each counter and the reservation that took."""
+
+    items: list[tuple[Counter, int]]
+
+
+@dataclass(slots=True)
 class _Outcome:
     """A transaction's effect on the shares, applied once it committed."""
 
@@ -107,6 +116,7 @@ class Ledger:
         this replica knows, or None if a share falls short (then nothing is taken)."""
         now = time.monotonic()
         shares = self._shares
+        low: list[tuple[Counter, int]] | None = None
         with self._lock:
             found = []
             for counter, amount in items:
@@ -115,12 +125,18 @@ class Ledger:
                     return None
                 found.append(s)
             totals = []
-            for s, (_, amount) in zip(found, items, strict=True):
+            for s, item in zip(found, items, strict=True):
+                amount = item[1]
                 s.free -= amount
                 s.held += amount
                 s.last = now
-                totals.append(s.total())
-            return totals
+                totals.append(s.seen - s.free)  # Share.total(), inlined: the hot path
+                if s.free < amount * BLOCK_REQUESTS // 2 and not s.exact and not s.refilling:
+                    s.refilling = True
+                    low = [item] if low is None else [*low, item]
+        if low is not None:
+            self._queue.put(_Refill(low))
+        return totals
 
     async def reserve(self, items: Taken) -> Result:
         """Each counter's new total, or the first counter that would pass its cap (then
@@ -177,8 +193,9 @@ class Ledger:
                     break
             stop = any(op is _STOP for op in batch)
             ops = [op for op in batch if isinstance(op, _Reserve)]
+            refills = [i for op in batch if isinstance(op, _Refill) for i in op.items]
             try:
-                self._apply(ops, stop)
+                self._apply(ops, refills, stop)
             except Exception as exc:  # a bug: fail these requests, keep the thread
                 log.exception("usage ledger: %d reservations failed", len(ops))
                 for op in ops:
@@ -212,16 +229,20 @@ class Ledger:
                     op.low.append((counter, amount))  # refilled in the same transaction
         return moves, base
 
-    def _apply(self, ops: list[_Reserve], closing: bool) -> None:
+    def _apply(
+        self, ops: list[_Reserve], refills: list[tuple[Counter, int]], closing: bool
+    ) -> None:
         with self._lock:
             moves, base = self._plan(ops, closing)
+            # closing gives every free part back: no refill then
+            wanted = [] if closing else [(c, n) for c, n in refills if self._running_low(c.key, n)]
         asking = [op for op in ops if op.need]
         error: Exception | None = None
         outcome = None
-        if asking or moves:
+        if asking or wanted or moves:
             for attempt in range(ATTEMPTS):
                 try:
-                    outcome = self._transaction(asking, moves, base)
+                    outcome = self._transaction(asking, wanted, moves, base)
                     error = None
                     break
                 except self._driver_error as exc:  # a lost connection, a lock timeout
@@ -229,6 +250,10 @@ class Ledger:
                     self._reset()
                     time.sleep(0.01 * 2**attempt)
         with self._lock:
+            for counter, _ in refills:  # done, or failed: a later take may ask again
+                s = self._shares.get(counter.key)
+                if s is not None:
+                    s.refilling = False
             if outcome is not None:
                 self._commit(outcome)
             else:
@@ -250,6 +275,12 @@ class Ledger:
                 op.loop.call_soon_threadsafe(_resolve, op.future, op.result)
         if error is not None:
             log.error("usage ledger: %d reservations failed: %s", len(ops), error)
+
+    def _running_low(self, key: Key, amount: int) -> bool:
+        """Whether a share a take left low still is (a miss's transaction may have topped
+        it up since) and still leased."""
+        s = self._shares.get(key)
+        return s is not None and s.free < amount * BLOCK_REQUESTS // 2 and bool(s.leased)
 
     def _commit(self, outcome: _Outcome) -> None:
         now = time.monotonic()
@@ -282,10 +313,15 @@ class Ledger:
         return self._conn
 
     def _transaction(
-        self, ops: list[_Reserve], moves: dict[Key, Moves], base: dict[Key, int]
+        self,
+        ops: list[_Reserve],
+        refills: list[tuple[Counter, int]],
+        moves: dict[Key, Moves],
+        base: dict[Key, int],
     ) -> _Outcome:
         conn, sql = self._connection(), self.sql
         asked = {c.key for op in ops for c, _ in (*op.need, *op.low)}
+        asked.update(c.key for c, _ in refills)
         touched = sorted(asked | set(moves))
         new = [k for k in touched if k not in self._known]
         now_ms = int(time.time() * 1000)
@@ -308,6 +344,7 @@ class Ledger:
             spare: dict[Key, int] = {}
             for op in ops:
                 op.result = self._decide(cur, op, rows, spare, out, now_ms)
+            _top_up(refills, rows, spare, out)
             leases = {}
             for key, row in rows.items():
                 row.reserved = max(0, row.reserved)
@@ -360,13 +397,7 @@ class Ledger:
             spare[key] = spare.get(key, 0) + granted - amount
             out.free[key] = out.free.get(key, 0) + granted - amount
             out.exact[key] = granted == amount
-        for counter, amount in op.low:  # one transaction refills all of a request's shares
-            key, row = counter.key, rows[counter.key]
-            more = grant(counter.cap, counter.cap - row.used - row.reserved, amount) - amount
-            if more > 0 and spare.get(key, 0) < amount * BLOCK_REQUESTS // 2:
-                row.reserved += more
-                spare[key] = spare.get(key, 0) + more
-                out.free[key] = out.free.get(key, 0) + more
+        _top_up(op.low, rows, spare, out)  # one transaction refills all of a request's shares
         totals = []
         for counter, _ in op.items:  # less what this replica holds free (read unlocked:
             s, read = self._shares.get(counter.key), rows.get(counter.key)  # for warnings)
@@ -376,6 +407,20 @@ class Ledger:
             free = spare.get(counter.key, 0) + (max(0, s.free) if s is not None else 0)
             totals.append(read.used + read.reserved - free)
         return totals
+
+
+def _top_up(
+    low: list[tuple[Counter, int]], rows: dict[Key, Row], spare: dict[Key, int], out: _Outcome
+) -> None:
+    """A block more for each share running low (``grant``: none near the cap), unless this
+    transaction already gave it one."""
+    for counter, amount in low:
+        key, row = counter.key, rows[counter.key]
+        more = grant(counter.cap, counter.cap - row.used - row.reserved, amount) - amount
+        if more > 0 and spare.get(key, 0) < amount * BLOCK_REQUESTS // 2:
+            row.reserved += more
+            spare[key] = spare.get(key, 0) + more
+            out.free[key] = out.free.get(key, 0) + more
 
 
 def _moved(m: Moves | None) -> int:

@@ -38,6 +38,7 @@ class Share:
     last: float = 0.0  # monotonic: the last take
     usable_until: float = 0.0  # monotonic: past it, takes go to the store (which renews)
     renew_at: float = 0.0  # monotonic: when the flush renews the lease
+    refilling: bool = False  # a refill of ``free`` is queued for the ledger's thread
 
     @property
     def leased(self) -> int:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Unit = Literal["requests", "tokens"]
@@ -45,10 +45,10 @@ class Counter:
     window: str  # "2026-12-02T00:25" (minute), "2026-12-02" (day), "2026-12" (month)
     unit: Unit
     cap: int
+    key: Key = field(init=False, repr=False, compare=False)  # the row's, built once
 
-    @property
-    def key(self) -> Key:
-        return (self.tenant, self.key_name, self.window, self.unit)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.tenant, self.key_name, self.window, self.unit))
 
 
 @dataclass(slots=True)

@@ -99,6 +99,34 @@ def test_far_from_the_cap_requests_are_admitted_from_blocks(store_url: str):
     asyncio.run(scenario())
 
 
+def test_a_share_running_low_is_refilled_before_a_request_waits(store_url: str):
+    upgrade(store_url)
+    day = Counter("t", "", "2026-12-02", "tokens", 10**9)
+    minute = Counter("t", "", "2026-12-02T00:25", "requests", 10**6)
+    items = [(minute, 1), (day, 50)]
+
+    async def scenario() -> tuple[int, int]:
+        ledger = Ledger(store_url, flush_s=60)  # no flush: each transaction is a grant
+        try:
+            assert isinstance(await ledger.reserve(items), list)  # the first grant: a miss
+            ledger.settle([(minute, 1, 1), (day, 50, 50)])
+            missed = 0
+            for _ in range(150):  # one at a time, the event loop idle in between
+                if ledger.take(items) is None:
+                    missed += 1
+                    assert isinstance(await ledger.reserve(items), list)
+                ledger.settle([(minute, 1, 1), (day, 50, 50)])
+                await asyncio.sleep(0.01)  # a request's I/O: the thread refills meanwhile
+            return missed, ledger.transactions
+        finally:
+            ledger.close()
+
+    missed, transactions = asyncio.run(scenario())
+    assert missed == 0  # every refill landed before the share ran out
+    assert 150 // 64 <= transactions <= 150 // 16, transactions  # in blocks, not per request
+    assert rows(store_url) == {("", "tokens"): (151 * 50, 0), ("", "requests"): (151, 0)}
+
+
 def test_two_replicas_admit_exactly_up_to_the_cap(store_url: str):
     upgrade(store_url)
     cap = 20_000  # blocks while far from it, one reservation at a time near it
