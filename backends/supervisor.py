@@ -15,7 +15,9 @@ import contextlib
 import ctypes
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -59,6 +61,9 @@ class Managed:
     started_at: float = 0.0
     last_exit: int | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # vLLM's ZeroMQ sockets (VLLM_RPC_BASE_PATH): a folder of this server's, removed when it
+    # stops, instead of a socket per start left in the machine's temporary folder
+    rpc_dir: Path | None = None
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
@@ -116,13 +121,19 @@ class Supervisor:
     async def _spawn(self, m: Managed) -> None:
         m.ready.clear()
         m.started_at = time.monotonic()
+        if m.rpc_dir is not None:  # a restart: the dead process group's sockets
+            shutil.rmtree(m.rpc_dir, ignore_errors=True)
+        # short (a socket's path has at most 107 bytes) and private (mode 0700)
+        m.rpc_dir = Path(tempfile.mkdtemp(prefix=f"gearshift-vllm-{m.spec.name[:16]}-"))
+        env = environment(m.spec, self._base_env)
+        env["VLLM_RPC_BASE_PATH"] = str(m.rpc_dir)
         with m.log_path.open("ab") as out:
             m.process = await asyncio.create_subprocess_exec(
                 *m.argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=asyncio.subprocess.STDOUT,
-                env=environment(m.spec, self._base_env),
+                env=env,
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
@@ -242,4 +253,8 @@ class Supervisor:
                 self._kill(m, signal.SIGKILL)
                 await m.process.wait()
             m.state = ServerState.STOPPED
+        for m in self._servers.values():
+            if m.rpc_dir is not None:
+                shutil.rmtree(m.rpc_dir, ignore_errors=True)
+                m.rpc_dir = None
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -67,6 +67,31 @@ async def test_starts_waits_and_restarts_a_dead_server(tmp_path):
     assert set(sup.states().values()) == {ServerState.STOPPED}
 
 
+async def test_vllm_sockets_live_in_a_folder_of_the_server_removed_at_stop(tmp_path):
+    """vLLM binds ZeroMQ sockets under VLLM_RPC_BASE_PATH (the temporary folder by default)
+    and a killed server leaves them: each start gets a private folder, cleared at restart
+    and removed at stop."""
+    sup = supervisor(tmp_path, specs(1), max_restarts=1)
+    await sup.start()
+    try:
+        await asyncio.wait_for(sup.wait_ready(), 20)
+        m = sup.servers["s0"]
+        first = m.rpc_dir
+        assert first is not None and first.name.startswith("gearshift-vllm-s0-")
+        assert first.stat().st_mode & 0o777 == 0o700 and len(list(first.iterdir())) == 1
+        assert f"rpc {first}" in m.log_path.read_text()
+        os.kill(m.process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while not (m.restarts == 1 and m.state is ServerState.READY):
+            assert time.monotonic() < deadline, m.state
+            await asyncio.sleep(0.1)
+        assert m.rpc_dir != first and not first.exists() and m.rpc_dir.exists()
+        second = m.rpc_dir
+    finally:
+        await sup.stop()
+    assert not second.exists() and m.rpc_dir is None
+
+
 async def test_a_server_that_keeps_crashing_is_reported(tmp_path):
     sup = supervisor(tmp_path, specs(1), mode="crash", max_restarts=1)
     await sup.start()
