@@ -66,6 +66,20 @@ class Managed:
     rpc_dir: Path | None = None
 
 
+SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path less its terminating NUL)
+UUID_NAME = 1 + 36  # "/" and the uuid4 vLLM names each socket by
+
+
+def rpc_folder(name: str) -> Path:
+    """A private (0700) folder for a vLLM server's ZeroMQ sockets, in the temporary folder,
+    or in /tmp when that one's path is too long for a socket under it."""
+    base = tempfile.gettempdir()
+    prefix = f"gearshift-vllm-{name[:16]}-"
+    if len(os.fsencode(base)) + 1 + len(prefix) + 8 + UUID_NAME > SOCKET_PATH_MAX:
+        base = "/tmp"
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
 def log_tail(path: Path, lines: int = 15) -> str:
     try:
         with path.open("rb") as fh:
@@ -123,8 +137,7 @@ class Supervisor:
         m.started_at = time.monotonic()
         if m.rpc_dir is not None:  # a restart: the dead process group's sockets
             shutil.rmtree(m.rpc_dir, ignore_errors=True)
-        # short (a socket's path has at most 107 bytes) and private (mode 0700)
-        m.rpc_dir = Path(tempfile.mkdtemp(prefix=f"gearshift-vllm-{m.spec.name[:16]}-"))
+        m.rpc_dir = rpc_folder(m.spec.name)
         env = environment(m.spec, self._base_env)
         env["VLLM_RPC_BASE_PATH"] = str(m.rpc_dir)
         with m.log_path.open("ab") as out:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -152,6 +153,8 @@ def test_servers_die_with_a_killed_supervisor(tmp_path):
         stdout=subprocess.PIPE,
         text=True,
         cwd=Path(__file__).parents[2],
+        # pytest's folder is too long a path for sockets: the supervisor falls back to /tmp
+        env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     try:
         child = int(parent.stdout.readline())
@@ -164,3 +167,8 @@ def test_servers_die_with_a_killed_supervisor(tmp_path):
             time.sleep(0.05)
     finally:
         parent.kill()
+        # a killed supervisor cannot remove its server's socket folder: the test does
+        for line in (tmp_path / f"vllm-s-{port}.log").read_text().splitlines():
+            if line.startswith("rpc "):
+                assert line.startswith("rpc /tmp/gearshift-vllm-s-"), line
+                shutil.rmtree(line.removeprefix("rpc "), ignore_errors=True)
