@@ -357,14 +357,14 @@ def main() -> None:
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="gearshift-bench-recorder-") as d:
         tmp = Path(d)
-        named = chain_runs(tmp, a.quick)
         if a.chain_only:
-            print(json.dumps(chain_keys(named)))
+            print(json.dumps(chain_keys(chain_runs(tmp, a.quick))))
             return
         agent = session_runs(tmp, a.quick)
         if a.sessions_only:
             print(json.dumps(agent_keys(agent)))
             return
+        named = chain_runs(tmp, a.quick)
         saturated = throughput(tmp, 0.0, 16, a.quick)
         engine_bound = throughput(tmp, a.latency_ms, a.concurrency, a.quick)
         rates = store_rates(tmp, a.quick)

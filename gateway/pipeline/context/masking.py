@@ -27,15 +27,14 @@ DIGEST_SHARE = 4  # a digest takes at most this fraction (1/4) of the output it 
 DIGEST_LINE_CHARS = 120  # one kept line at most
 
 
-def call_names(messages: Sequence[Message]) -> dict[str, tuple[str, str]]:
-    """Tool call id -> (function name, arguments), from the assistants' tool calls."""
-    out: dict[str, tuple[str, str]] = {}
+def call_names(messages: Sequence[Message]) -> dict[str, str]:
+    """Tool call id -> function name, from the assistants' tool calls."""
+    out: dict[str, str] = {}
     for m in messages:
         for call in m.get("tool_calls") or ():
             fn = call.get("function") if isinstance(call, dict) else None
             if isinstance(fn, dict) and isinstance(call.get("id"), str):
-                args = fn.get("arguments")
-                out[call["id"]] = (str(fn.get("name")), args if isinstance(args, str) else "")
+                out[call["id"]] = str(fn.get("name"))
     return out
 
 
@@ -73,12 +72,12 @@ def digest(text: str, max_chars: int) -> list[str]:
     return [ln for _, ln in sorted(chosen)]
 
 
-def placeholder(message: Message, calls: dict[str, tuple[str, str]], digest_chars: int) -> str:
+def placeholder(message: Message, calls: dict[str, str], digest_chars: int) -> str:
     """What replaces a masked tool output: what it was, how to see it again (the call,
     with its arguments, is right before it), and its digest (at most ``digest_chars``,
     and a quarter of the output)."""
     call_id = message.get("tool_call_id")
-    name = calls[call_id][0] if isinstance(call_id, str) and call_id in calls else "tool"
+    name = calls.get(call_id, "tool") if isinstance(call_id, str) else "tool"
     text = text_of(message)
     kept = digest(text, min(digest_chars, len(text) // DIGEST_SHARE)) if digest_chars else []
     removed = f"[{name} output removed by the gateway to save context ({len(text)} characters)"
@@ -95,7 +94,7 @@ def maskable(messages: Sequence[Message], keep_last: int) -> list[int]:
     return [i for i in old if len(text_of(messages[i])) >= MASK_MIN_CHARS]
 
 
-def masked(message: Message, calls: dict[str, tuple[str, str]], digest_chars: int) -> Message:
+def masked(message: Message, calls: dict[str, str], digest_chars: int) -> Message:
     """``message`` (a tool output) with its placeholder for content; its tool call id
     stays, so the conversation is still well formed."""
     return {**message, "content": placeholder(message, calls, digest_chars)}
