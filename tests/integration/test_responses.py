@@ -212,7 +212,8 @@ def test_tenants_are_isolated(make_stack):
         ({"model": "full", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"model": "full", "input": "x", "tools": [{"type": "mcp", "server_label": "s"}]}, "tools[0].server_url"),  # not allowlisted
         ({"model": "full", "input": "x", "tools": [{"type": "shell"}]}, "tools[0].type"),
-        ({"model": "full", "input": "x", "tool_choice": {"type": "mcp"}}, "tool_choice.type"),
+        ({"model": "full", "input": "x", "tool_choice": {"type": "mcp"}}, "tool_choice.server_label"),
+        ({"model": "full", "input": "x", "tool_choice": {"type": "allowed_tools"}}, "tool_choice.type"),
         ({"model": "full", "input": "x", "conversation": "conv_1"}, "conversation"),
         ({"model": "full", "input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
         ({"model": "full", "input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),

@@ -90,6 +90,41 @@ def test_list_then_call_then_the_model_answers(make_stack, mcp_url):
     assert up.requests[2]["messages"][:3] == second["messages"]
 
 
+def test_tool_choice_forces_a_tool_of_an_mcp_server(make_stack, mcp_url):
+    """``{"type": "mcp", "server_label", "name"}`` forces that tool on the first step (the
+    chat request names it); without ``name``, some tool (``required``); an unknown label or
+    a tool the server does not offer is a 400 before anything is stored."""
+    up = FakeUpstream().then(asks("shout", '{"text": "hi"}'), Behaviour(), Behaviour())
+    stack = build(make_stack, up, [mcp_url])
+    client = stack.client()
+    tools = [tool(mcp_url, require_approval="never", allowed_tools=["add", "shout"])]
+    forced = {"type": "mcp", "server_label": "demo", "name": "shout"}
+    r = client.responses.create(model="full", input="shout hi", tools=tools, tool_choice=forced)
+    assert r.status == "completed" and r.tool_choice.model_dump(exclude_none=True) == forced
+    assert [o.type for o in r.output] == ["mcp_list_tools", "mcp_call", "message"]
+    assert r.output[1].output == "HI"  # type: ignore[union-attr]
+    first, second = up.requests
+    assert first["tool_choice"] == {"type": "function", "function": {"name": "shout"}}
+    assert second["tool_choice"] == "auto"  # forced on the first step only
+    client.responses.create(
+        model="full", input="any", tools=tools, tool_choice={"type": "mcp", "server_label": "demo"}
+    )
+    assert up.requests[2]["tool_choice"] == "required"
+
+    before = counts(stack)
+    for choice, param in (  # boom: not in allowed_tools
+        ({"type": "mcp", "server_label": "demo", "name": "boom"}, "tool_choice.name"),
+        ({"type": "mcp", "server_label": "demo", "name": "nope"}, "tool_choice.name"),
+        ({"type": "mcp", "server_label": "other", "name": "add"}, "tool_choice.server_label"),
+        ({"type": "mcp", "server_label": "demo", "name": 3}, "tool_choice.name"),
+        ({"type": "mcp", "server_label": "demo", "tools": []}, "tool_choice.tools"),
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.responses.create(model="full", input="x", tools=tools, tool_choice=choice)
+        assert err.value.body["param"] == param, err.value.body  # type: ignore[index]
+    assert counts(stack) == before and len(up.requests) == 3
+
+
 def test_a_failing_tool_and_a_server_gone_reach_the_model_as_errors(make_stack):
     with serve_in_thread(demo_server()) as base:
         url = base + "/mcp"

@@ -8,7 +8,7 @@ what the response object echoes (``Echo``) and what vLLM gets (the chat body of 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,8 +61,8 @@ def echo(request: ResponsesRequest) -> Echo:
         if name in names[:i]:
             raise InvalidRequest(f"two tools are named {name!r}", param="tools")
     functions = {t["name"] for t in tools if t["type"] == "function"}
-    mcp_tools.by_label(servers)  # a 400 for two servers with one label
-    choice = _tool_choice(request.tool_choice, functions, wanted, bool(servers))
+    labels = set(mcp_tools.by_label(servers))  # a 400 for two servers with one label
+    choice = _tool_choice(request.tool_choice, functions, wanted, labels)
     return Echo(tools, choice, _text(request.text), tuple(wanted), tuple(servers))
 
 
@@ -120,7 +120,24 @@ def _chat_choice(spec: Echo, first: bool) -> str | dict[str, Any]:
         return "auto"
     if choice["type"] == "code_interpreter":
         return {"type": "function", "function": {"name": CODE_TOOL}}
+    if choice["type"] == "mcp" and "name" not in choice:
+        return "required"  # one of the offered tools; vLLM cannot narrow it to one server's
     return {"type": "function", "function": {"name": choice["name"]}}
+
+
+def check_forced(spec: Echo, kinds: Mapping[str, str]) -> None:
+    """A 400 when ``tool_choice`` forces an MCP tool its server does not offer; ``kinds``:
+    the hosted kind of every offered tool by name (known once the servers are listed)."""
+    choice = spec.tool_choice
+    if not isinstance(choice, dict) or choice["type"] != "mcp" or "name" not in choice:
+        return
+    found = mcp_tools.parse_kind(kinds.get(choice["name"], ""))
+    if found is None or found[0] != choice["server_label"]:
+        raise InvalidRequest(
+            f"tool_choice.name: MCP server {choice['server_label']!r} offers no tool "
+            f"{choice['name']!r} (its listing, narrowed by allowed_tools)",
+            param="tool_choice.name",
+        )
 
 
 def _function_tool(tool: Any, where: str) -> dict[str, Any]:
@@ -158,7 +175,7 @@ def _tool_choice(
     choice: str | dict[str, Any] | None,
     names: set[str],
     wanted: list[hosted.Hosted],
-    servers: bool = False,
+    labels: set[str],
 ) -> str | dict[str, Any]:
     if choice is None:
         return "auto"
@@ -168,7 +185,7 @@ def _tool_choice(
                 f"tool_choice must be one of {', '.join(CHOICES)} or a function (got {choice!r})",
                 param="tool_choice",
             )
-        if choice == "required" and not names and not wanted and not servers:
+        if choice == "required" and not names and not wanted and not labels:
             raise InvalidRequest("tool_choice 'required' needs tools", param="tool_choice")
         return choice
     kind = choice.get("type")
@@ -178,6 +195,8 @@ def _tool_choice(
                 "tool_choice code_interpreter needs a code_interpreter tool", param="tool_choice"
             )
         return {"type": "code_interpreter"}
+    if kind == "mcp":
+        return _mcp_choice(choice, labels)
     if kind != "function":
         raise not_yet("tool_choice.type", f"tool_choice type {kind!r}")
     name = choice.get("name")
@@ -187,6 +206,31 @@ def _tool_choice(
             param="tool_choice.name",
         )
     return {"type": "function", "name": name}
+
+
+def _mcp_choice(choice: dict[str, Any], labels: set[str]) -> dict[str, Any]:
+    """``{"type": "mcp", "server_label", "name"?}``: a tool of that server (the named one)."""
+    unknown = sorted(choice.keys() - {"type", "server_label", "name"})
+    if unknown:
+        raise InvalidRequest(
+            f"tool_choice.{unknown[0]} is not a field of an mcp tool choice",
+            param=f"tool_choice.{unknown[0]}",
+        )
+    label = choice.get("server_label")
+    if not isinstance(label, str) or label not in labels:
+        raise InvalidRequest(
+            "tool_choice.server_label must name one of the request's mcp tools' server_label "
+            f"(got {label!r})",
+            param="tool_choice.server_label",
+        )
+    name = choice.get("name")
+    if name is None:
+        return {"type": "mcp", "server_label": label}
+    if not isinstance(name, str) or not FUNCTION_NAME.match(name):
+        raise InvalidRequest(
+            f"tool_choice.name must be a tool name (got {name!r})", param="tool_choice.name"
+        )
+    return {"type": "mcp", "server_label": label, "name": name}
 
 
 def _text(text: dict[str, Any] | None) -> dict[str, Any]:

@@ -88,6 +88,7 @@ async def prepare(
     taken = [*kinds, *(t["name"] for t in spec.functions)]
     mcp = await mcp_calls.offer(mcp_settings, spec.mcp, servers, chain.items, taken)
     kinds, offered = kinds | mcp.kinds, [*offered, *mcp.offered]
+    chat.check_forced(spec, kinds)
     messages = items.to_messages(chain.items, inputs, request.instructions)
     frame = Frame.new(request, spec, request.stored and services.recorder is not None)
     session = who.session_id or chain.session or frame.id
