@@ -102,6 +102,43 @@ def test_another_tenants_background_response_is_not_found(make_stack):
     assert a.responses.cancel(r.id).status == "cancelled"
 
 
+def test_a_tenant_over_its_background_cap_gets_a_429_and_nothing_is_stored(make_stack):
+    """``responses.max_background`` (per tenant and replica; tenant b's own cap is 0): the
+    run over it is refused before it is stored; one ending makes room again."""
+    held = Behaviour(delay_s=60)  # runs that hold their step until cancelled
+    up = FakeUpstream().then(held, held, Behaviour(), held)
+    caps = {"max_background": 2, "tenants": {"b": {"max_background": 0}}}
+    timeouts = {"connect_s": 1, "first_byte_s": 90, "between_chunks_s": 5}
+    stack = make_stack([up], auth=AUTH, responses=caps, timeouts=timeouts)
+    a, b = stack.client(api_key=KEYS["a"]), stack.client(api_key=KEYS["b"])
+    running = [a.responses.create(model="full", input="hi", background=True) for _ in range(2)]
+    with pytest.raises(openai.RateLimitError) as err:
+        a.responses.create(model="full", input="one more", background=True)
+    assert err.value.body["param"] == "background"  # type: ignore[index]
+    assert "responses.max_background" in err.value.message
+    assert err.value.response.headers["retry-after"] == "1"
+    with pytest.raises(openai.RateLimitError):
+        b.responses.create(model="full", input="hi", background=True)
+    for r in running:  # both runs hold their step at the tier (the script's order)
+        wait_for(a, r.id, lambda x: x.status == "in_progress")
+    deadline = time.monotonic() + 10
+    while len(up.requests) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert a.responses.create(model="full", input="not background").status == "completed"
+    engine = make_engine(stack.store_url)
+    try:
+        with engine.connect() as conn:
+            assert len(conn.execute(select(responses.c.id)).all()) == 3  # two runs, one plain
+    finally:
+        engine.dispose()
+    assert a.responses.cancel(running[0].id).status == "cancelled"  # room for one again
+    again = a.responses.create(model="full", input="now", background=True)
+    assert again.status in ("queued", "in_progress")
+    for r in (running[1], again):
+        assert a.responses.cancel(r.id).status == "cancelled"
+
+
 def test_a_shutdown_stores_the_running_response_as_failed(tmp_path: Path):
     up = FakeUpstream().then(Behaviour(delay_s=SLOW))
     store = f"sqlite:///{tmp_path}/trajectories.db"

@@ -30,13 +30,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import Message, Scope
 
-from gateway.errors import GatewayError, InvalidRequest, StoreUnavailable
+from gateway.errors import GatewayError, InvalidRequest, RateLimited, StoreUnavailable
 from gateway.pipeline.responses.capture import StreamOut
 from gateway.pipeline.responses.event_log import EventLog
 from gateway.pipeline.responses.loop import LoopState
@@ -71,15 +72,36 @@ class Background:
         self.tasks: dict[Key, asyncio.Task[None]] = {}
         self.reasons: dict[Key, str] = {}  # why a task was cancelled: SHUTDOWN, else the client
         self.logs: dict[Key, EventLog] = {}  # streamed runs' events
+        self.starting: Counter[str] = Counter()  # by tenant: being stored, not yet running
+
+    def running(self, tenant: str) -> int:
+        """The tenant's background responses running here, or being started."""
+        return sum(1 for t, _ in self.tasks if t == tenant) + self.starting[tenant]
 
     async def start(self, turn: Turn) -> dict[str, Any]:
-        """Store the response ``queued`` and start its run; the object the client gets."""
+        """Store the response ``queued`` and start its run; the object the client gets. A
+        tenant at its cap (``responses.max_background``) gets a 429 and nothing is stored."""
+        tenant = turn.parsed.identity.tenant
+        cap = self.service.services.settings.responses.background_cap(tenant)
+        if self.running(tenant) >= cap:
+            raise RateLimited(
+                f"{cap} background responses of this tenant are running on this gateway "
+                "(responses.max_background): wait for one to end or cancel one",
+                param="background",
+                headers={"retry-after": "1"},
+            )
+        self.starting[tenant] += 1  # counted while the store write below is awaited
+        try:
+            return await self._start(turn, tenant)
+        finally:
+            self.starting[tenant] -= 1
+
+    async def _start(self, turn: Turn, tenant: str) -> dict[str, Any]:
         queued = turn.frame.response("queued", [])
         row = stored.StoredResponse(
             turn.frame.id, turn.session, turn.frame.request.previous_response_id, queued,
             turn.inputs, [],
         )  # fmt: skip
-        tenant = turn.parsed.identity.tenant
         await self.service.call(lambda c: stored.save(c, tenant, row))
         key = (tenant, turn.frame.id)
         if turn.parsed.stream:
