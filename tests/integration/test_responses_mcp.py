@@ -125,6 +125,31 @@ def test_tool_choice_forces_a_tool_of_an_mcp_server(make_stack, mcp_url):
     assert counts(stack) == before and len(up.requests) == 3
 
 
+def test_a_stateless_client_sends_the_calls_back_and_the_server_is_not_listed_again(
+    make_stack, mcp_url
+):
+    """``store: false`` and no ``previous_response_id``: the client keeps the context and
+    sends back the output items it got (the SDK's own objects); the model sees the call and
+    its result again, the listing it sent stands for the server's, nothing is stored."""
+    up = FakeUpstream().then(asks("add", '{"a": 2, "b": 3}'), Behaviour(), Behaviour())
+    stack = build(make_stack, up, [mcp_url])
+    client = stack.client()
+    tools = [tool(mcp_url, require_approval="never", allowed_tools=["add"])]
+    first = client.responses.create(model="full", input="2+3?", tools=tools, store=False)
+    assert [o.type for o in first.output] == ["mcp_list_tools", "mcp_call", "message"]
+    context: list[Any] = [{"role": "user", "content": "2+3?"}, *first.output]
+    second = client.responses.create(
+        model="full", input=[*context, {"role": "user", "content": "and doubled?"}],
+        tools=tools, store=False,
+    )  # fmt: skip
+    assert [o.type for o in second.output] == ["message"]  # no mcp_list_tools: not listed again
+    sent = up.requests[2]
+    assert [t["function"]["name"] for t in sent["tools"]] == ["add"]  # from the sent listing
+    assert sent["messages"][:3] == up.requests[1]["messages"]  # the call and its result again
+    assert sent["messages"][-1] == {"role": "user", "content": "and doubled?"}
+    assert counts(stack) == (0, 0)
+
+
 def test_a_failing_tool_and_a_server_gone_reach_the_model_as_errors(make_stack):
     with serve_in_thread(demo_server()) as base:
         url = base + "/mcp"

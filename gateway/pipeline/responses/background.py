@@ -67,8 +67,9 @@ async def _no_disconnect() -> Message:
 class Background:
     """The background responses this gateway runs, by tenant and id."""
 
-    def __init__(self, service: ResponsesService) -> None:
+    def __init__(self, service: ResponsesService, cap: Callable[[str], int]) -> None:
         self.service = service
+        self.cap = cap  # background runs a tenant may have here (responses.max_background)
         self.tasks: dict[Key, asyncio.Task[None]] = {}
         self.reasons: dict[Key, str] = {}  # why a task was cancelled: SHUTDOWN, else the client
         self.logs: dict[Key, EventLog] = {}  # streamed runs' events
@@ -82,7 +83,7 @@ class Background:
         """Store the response ``queued`` and start its run; the object the client gets. A
         tenant at its cap (``responses.max_background``) gets a 429 and nothing is stored."""
         tenant = turn.parsed.identity.tenant
-        cap = self.service.services.settings.responses.background_cap(tenant)
+        cap = self.cap(tenant)
         if self.running(tenant) >= cap:
             raise RateLimited(
                 f"{cap} background responses of this tenant are running on this gateway "

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import InvalidRequest
+from gateway.pipeline.responses.hosted_input import HOSTED_INPUT_TYPES, hosted_item
 
 INPUT_ROLES = ("user", "system", "developer")
 ROLES = (*INPUT_ROLES, "assistant")
@@ -37,19 +38,21 @@ NOT_YET_TYPES = frozenset(
     {
         "reasoning", "item_reference", "file_search_call", "computer_call",
         "computer_call_output", "web_search_call", "image_generation_call",
-        "code_interpreter_call", "local_shell_call", "local_shell_call_output",
+        "local_shell_call", "local_shell_call_output",
         "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output",
-        "mcp_list_tools", "mcp_approval_request", "mcp_call",
+        "mcp_approval_request",
         "custom_tool_call", "custom_tool_call_output", "tool_search_call",
         "tool_search_output",
     }
 )  # fmt: skip
-# output items of calls the gateway ran (hosted tools); stored, never taken as input yet
+# output items of calls the gateway ran (hosted tools); a client may send them back
+# (hosted_input: its own context, replayed, never run)
 HOSTED_ITEMS = ("code_interpreter_call", "mcp_call")
 CODE_TOOL = "run_python"  # the sandbox tool a code_interpreter_call ran
 ID_PREFIX = {
     "message": "msg", "function_call": "fc", "function_call_output": "fco",
-    "mcp_approval_response": "mcpa", "compaction": "cmp",
+    "mcp_approval_response": "mcpa", "compaction": "cmp", "code_interpreter_call": "ci",
+    "mcp_call": "mcp", "mcp_list_tools": "mcpl",
 }  # fmt: skip
 COMPACTED = (
     "[Summary of the earlier conversation, compacted by the gateway; what is marked DONE "
@@ -68,11 +71,20 @@ def normalize_input(value: str | list[Any], taken: Iterable[str] = ()) -> list[d
         return [_message("user", [{"type": "input_text", "text": value}], None)]
     if not value:
         raise InvalidRequest("input must not be an empty list", param="input")
-    seen = set(taken)
+    taken_ids = set(taken)
+    seen = set(taken_ids)
     out: list[dict[str, Any]] = []
     for i, raw in enumerate(value):
         where = f"input[{i}]"
         item = _item(raw, where)
+        settles = item.get("approval_request_id") if item["type"] == "mcp_call" else None
+        if settles is not None and settles in taken_ids:
+            raise InvalidRequest(
+                f"{where}.approval_request_id: an mcp_call input cannot settle approval request "
+                f"{settles!r} of the previous_response_id chain; answer it with an "
+                "mcp_approval_response item",
+                param=f"{where}.approval_request_id",
+            )
         if item["id"] in seen:
             raise InvalidRequest(
                 f"duplicate item id {item['id']!r}: it is already in this request or in the "
@@ -91,21 +103,24 @@ def _item(raw: Any, where: str) -> dict[str, Any]:
     if kind in NOT_YET_TYPES:
         raise InvalidRequest(
             f"{where}.type {kind!r} is not supported yet: this gateway's /v1/responses takes "
-            "message, function_call, function_call_output and mcp_approval_response items "
-            "(see docs/responses.md)",
+            "message, function_call, function_call_output, mcp_approval_response, compaction "
+            "and the hosted calls' items (code_interpreter_call, mcp_call, mcp_list_tools; see "
+            "docs/responses.md)",
             param=f"{where}.type",
         )
-    if kind not in KNOWN_KEYS:
+    if kind not in KNOWN_KEYS and kind not in HOSTED_INPUT_TYPES:
         raise InvalidRequest(
             f"{where}.type {kind!r} is not an input item type", param=f"{where}.type"
         )
-    _no_unknown_keys(raw, KNOWN_KEYS[kind] | IGNORED_KEYS, where)
     given = raw.get("id")
     if given is not None and (not isinstance(given, str) or not 0 < len(given) <= 64):
         raise InvalidRequest(
             f"{where}.id must be a string of 1 to 64 characters", param=f"{where}.id"
         )
     ident = given or new_id(ID_PREFIX[kind])
+    if kind in HOSTED_INPUT_TYPES:
+        return hosted_item(raw, where, ident)
+    _no_unknown_keys(raw, KNOWN_KEYS[kind] | IGNORED_KEYS, where)
     if kind == "message":
         return _message(_role(raw, where), _content(raw, where), ident)
     if kind == "mcp_approval_response":
@@ -248,17 +263,21 @@ def to_messages(
     if instructions:
         out.append({"role": "system", "content": instructions})
     ran: list[dict[str, Any]] = []  # hosted calls' outputs, told after their assistant message
-    # an approved (or denied) call's result, told with the request that asked for it
+    # an approved (or denied) call's result, told with the request that asked for it (a
+    # call sent back as input whose request is not in the chain is told as any other)
+    asked = {i["id"] for i in (*history, *inputs) if i["type"] == "mcp_approval_request"}
     results = {
         i["approval_request_id"]: i for i in (*history, *inputs)
-        if i["type"] == "mcp_call" and i.get("approval_request_id")
+        if i["type"] == "mcp_call" and i.get("approval_request_id") in asked
     }  # fmt: skip
     for item in (*history, *inputs):
         kind = item["type"]
         if kind not in ("function_call", "mcp_approval_request", *HOSTED_ITEMS):
             out.extend(ran)
             ran.clear()
-        if kind in ("mcp_list_tools", "mcp_approval_response") or item.get("approval_request_id"):
+        if kind in ("mcp_list_tools", "mcp_approval_response") or (
+            item.get("approval_request_id") in results
+        ):
             continue  # no message: a listing, an answer, a result told with its request
         if kind == "mcp_approval_request":
             call, _ = replay(item)

@@ -70,7 +70,7 @@ class ResponsesService:
         self.pipeline = pipeline
         # the sandbox's listing and a key's held tools, reused for about a second
         self.sandbox_offers = SandboxOffers(services.settings.responses.sandbox_cache_s)
-        self.background = Background(self)
+        self.background = Background(self, services.settings.responses.background_cap)
 
     async def prepare(self, request: ResponsesRequest, who: RequestIdentity) -> Turn:
         """Everything that may refuse the request, before any model call or store write."""

@@ -86,7 +86,9 @@ async def prepare(
         approver=f"client:{who.api_key}",
     )  # fmt: skip
     taken = [*kinds, *(t["name"] for t in spec.functions)]
-    mcp = await mcp_calls.offer(mcp_settings, spec.mcp, servers, chain.items, taken)
+    # a listing the client sent back (stateless continuation) counts as the chain's own
+    known = [*chain.items, *inputs]
+    mcp = await mcp_calls.offer(mcp_settings, spec.mcp, servers, known, taken)
     kinds, offered = kinds | mcp.kinds, [*offered, *mcp.offered]
     chat.check_forced(spec, kinds)
     messages = items.to_messages(chain.items, inputs, request.instructions)

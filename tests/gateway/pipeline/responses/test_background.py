@@ -34,6 +34,10 @@ def engine(tmp_path: Any) -> Iterator[Engine]:
     engine.dispose()
 
 
+def cap(tenant: str) -> int:  # responses.max_background, by tenant
+    return 16
+
+
 class Service:
     """What ``Background`` uses of ``ResponsesService``, with a scripted loop."""
 
@@ -86,7 +90,7 @@ async def settled(bg: Background) -> None:
 
 async def test_the_run_is_stored_queued_then_with_its_end(engine: Engine):
     gate = asyncio.Event()
-    bg = Background(Service(engine, held(gate)))  # type: ignore[arg-type]
+    bg = Background(Service(engine, held(gate)), cap)  # type: ignore[arg-type]
     t = turn()
     queued = await bg.start(t)
     assert queued["status"] == "queued" and queued["background"] is True
@@ -104,7 +108,7 @@ async def test_the_run_is_stored_queued_then_with_its_end(engine: Engine):
 
 
 async def test_cancel_stores_what_the_run_had(engine: Engine):
-    bg = Background(Service(engine, held(asyncio.Event())))  # type: ignore[arg-type]
+    bg = Background(Service(engine, held(asyncio.Event())), cap)  # type: ignore[arg-type]
     t = turn()
     await bg.start(t)
     await asyncio.sleep(0.05)
@@ -115,7 +119,7 @@ async def test_cancel_stores_what_the_run_had(engine: Engine):
 
 async def test_a_run_cancelled_elsewhere_stores_nothing_at_its_end(engine: Engine):
     gate = asyncio.Event()
-    bg = Background(Service(engine, held(gate)))  # type: ignore[arg-type]
+    bg = Background(Service(engine, held(gate)), cap)  # type: ignore[arg-type]
     t = turn()
     await bg.start(t)
     await asyncio.sleep(0.05)
@@ -127,7 +131,7 @@ async def test_a_run_cancelled_elsewhere_stores_nothing_at_its_end(engine: Engin
 
 
 async def test_shutdown_stores_failed_with_the_reason(engine: Engine):
-    bg = Background(Service(engine, held(asyncio.Event())))  # type: ignore[arg-type]
+    bg = Background(Service(engine, held(asyncio.Event())), cap)  # type: ignore[arg-type]
     t = turn()
     await bg.start(t)
     await asyncio.sleep(0.05)
@@ -140,7 +144,7 @@ async def test_a_failing_run_is_stored_failed(engine: Engine):
     async def broken(t: Turn, state: LoopState) -> dict[str, Any]:
         raise RuntimeError("boom")
 
-    bg = Background(Service(engine, broken))  # type: ignore[arg-type]
+    bg = Background(Service(engine, broken), cap)  # type: ignore[arg-type]
     t = turn()
     await bg.start(t)
     await settled(bg)
