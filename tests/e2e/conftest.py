@@ -14,6 +14,8 @@ import openai
 import pytest
 
 from bench.stack import StackError, serve
+from tests.support.mcp_server import demo_server
+from tests.support.servers import serve_in_thread
 
 STARTUP_TIMEOUT_S = 900
 
@@ -33,8 +35,11 @@ class RealStack:
 
 
 @contextlib.contextmanager
-def start_stack(log_dir: Path, **embedded: str) -> Iterator[RealStack]:
-    """`gearshift serve` on free ports with GEARSHIFT_EMBEDDED__* overrides; stopped on exit."""
+def start_stack(
+    log_dir: Path, extra_env: dict[str, str] | None = None, **embedded: str
+) -> Iterator[RealStack]:
+    """`gearshift serve` on free ports with GEARSHIFT_EMBEDDED__* overrides (and any other
+    ``extra_env``); stopped on exit."""
     store_url = f"sqlite:///{log_dir}/trajectories.db"
     # a sandbox root of its own: a sandbox service clears the workspaces it finds under its
     # root when it starts, so a second stack on the default root would remove the first's
@@ -51,6 +56,7 @@ def start_stack(log_dir: Path, **embedded: str) -> Iterator[RealStack]:
         # default otherwise): the hosted code_interpreter of test_responses_real.py
         "GEARSHIFT_SANDBOX__GRANTS_BY_TENANT": json.dumps({"default": {"tools": ["run_python"]}}),
         **{f"GEARSHIFT_EMBEDDED__{k.upper()}": v for k, v in embedded.items()},
+        **(extra_env or {}),
     }
     log_path = log_dir / "gearshift-serve.log"
     with contextlib.ExitStack() as running:
@@ -62,8 +68,30 @@ def start_stack(log_dir: Path, **embedded: str) -> Iterator[RealStack]:
         yield RealStack(stack.url, stack.full_url, stack.fast_url, log_path, store_url)
 
 
+# The default tenant of the session's stack may also write and read workspace files, and a
+# write (risk class "mutating") waits for a human approval (test_responses_agent.py).
+AGENT_GRANT = {
+    "tools": ["run_python", "write_file", "read_file"], "read": ["*"], "write": ["*"],
+    "approval": ["mutating"],
+}  # fmt: skip
+
+
 @pytest.fixture(scope="session")
-def real_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealStack]:
-    """The default stack: the fast tier serves the pruned model (fast_mode: lossy)."""
-    with start_stack(tmp_path_factory.mktemp("e2e")) as stack:
+def mcp_url() -> Iterator[str]:
+    """A real MCP server (the ``mcp`` SDK's, streamable HTTP on loopback) for the session."""
+    with serve_in_thread(demo_server()) as url:
+        yield url + "/mcp"
+
+
+@pytest.fixture(scope="session")
+def real_stack(tmp_path_factory: pytest.TempPathFactory, mcp_url: str) -> Iterator[RealStack]:
+    """The default stack: the fast tier serves the pruned model (fast_mode: lossy); its
+    operator allows the session's MCP server (label ``demo``) for every tenant."""
+    env = {
+        "GEARSHIFT_SANDBOX__GRANTS_BY_TENANT": json.dumps({"default": AGENT_GRANT}),
+        "GEARSHIFT_RESPONSES__MCP__SERVERS": json.dumps(
+            [{"label": "demo", "url": mcp_url, "tenants": ["*"]}]
+        ),
+    }
+    with start_stack(tmp_path_factory.mktemp("e2e"), env) as stack:
         yield stack
