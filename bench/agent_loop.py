@@ -43,7 +43,13 @@ through the API, requests continuing the chain (``store: false``, so it does not
 the same request without ``previous_response_id``, alternating: the p50 difference is what
 continuing a 50-turn chain adds (the load, 100 items to messages, a longer body upstream).
 
-    python -m bench.agent_loop [--quick] [--steps 4]
+    python -m bench.agent_loop [--quick] [--steps 4] [--tool run_python|list_dir]
+
+``--tool list_dir``: each tool step lists the workspace instead (a hosted ``{"type":
+"sandbox", "name": "list_dir"}`` tool; the baseline calls ``/v1/tools/list_dir``). The
+sandbox service answers it itself, with no process run: at concurrency 16 on two cores,
+run_python's process is most of each iteration's CPU and so of the wait for the cores; with
+list_dir what is left is the gateway's own cost (and the service's, counted with it).
 
 Needs root and bubblewrap (the sandbox), like bench.sandbox. Progress on stderr; the last
 line is one JSON object: ``iteration_overhead_p50_ms`` / ``_p99_ms`` (hosted, concurrency
@@ -80,7 +86,11 @@ from gateway.store.responses import load_chain
 from gateway.store.schema import tool_calls
 
 AUTH = {"authorization": f"Bearer {KEY}"}
-CODE_TOOL = [{"type": "code_interpreter", "container": "auto"}]
+# the hosted tool of each --tool, and the output item type its calls give
+HOSTED_TOOLS: dict[str, tuple[list[dict[str, Any]], str]] = {
+    "run_python": ([{"type": "code_interpreter", "container": "auto"}], "code_interpreter_call"),
+    "list_dir": ([{"type": "sandbox", "name": "list_dir"}], "mcp_call"),
+}
 TARGETS = {"iteration_overhead_p50_ms": 2.0, "iteration_overhead_p99_ms": 5.0,
            "chain50_load_p50_ms": 5.0}  # fmt: skip
 
@@ -109,6 +119,7 @@ class Bench:
     upstream: str
     store_url: str
     steps: int
+    tool: str = "run_python"
     run: str = field(default_factory=lambda: secrets.token_hex(3))
     errors: dict[str, int] = field(default_factory=dict)
     chat_tools: list[dict[str, Any]] = field(default_factory=list)
@@ -132,8 +143,9 @@ class Bench:
     # -- one task, two ways ------------------------------------------------------------
 
     async def hosted(self, session: str, task: Task, store: bool = True) -> None:
+        tools, item_type = HOSTED_TOOLS[self.tool]
         body: dict[str, Any] = {
-            "model": "auto", "input": f"task {task.id} steps={self.steps}", "tools": CODE_TOOL,
+            "model": "auto", "input": f"task {task.id} steps={self.steps}", "tools": tools,
         }  # fmt: skip
         if not store:
             body["store"] = False
@@ -141,11 +153,11 @@ class Bench:
         status, data = await self.post("/v1/responses", body, session)
         task.wall_ms = (time.perf_counter() - t) * 1000
         calls = [i for i in data.get("output", ())] if isinstance(data, dict) else []
-        ran = [i for i in calls if i["type"] == "code_interpreter_call"]
+        ran = [i for i in calls if i["type"] == item_type]
         if status != 200 or data.get("status") != "completed":
             self.error(f"hosted: {status} {str(data)[:80]}", data)
         elif len(ran) != self.steps or any(i["status"] != "completed" for i in ran):
-            self.error("hosted: a code_interpreter call did not complete", ran)
+            self.error(f"hosted: a {item_type} did not complete", ran)
         else:
             task.ok = True
 
@@ -168,13 +180,21 @@ class Bench:
             for call in message.get("tool_calls") or ():
                 args = orjson.loads(call["function"]["arguments"])
                 body = {"arguments": args, "tool_call_id": call["id"]}
-                status, out = await self.post("/v1/tools/run_python", body, session)
-                if status != 200 or out.get("exit_status") != 0:
+                status, out = await self.post(f"/v1/tools/{self.tool}", body, session)
+                ran = (
+                    isinstance(out, dict)
+                    and out.get("allowed")
+                    and out.get("exit_status") in (0, None)
+                )
+                if status != 200 or not ran:
                     return self.error(f"tool: {status}", out)
                 tool_ms += float(out["duration_ms"])
-                messages.append(
-                    {"role": "tool", "tool_call_id": call["id"], "content": out["stdout"]}
+                text = (
+                    out["stdout"]
+                    if self.tool == "run_python"
+                    else orjson.dumps(out["output"]).decode()
                 )
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": text})
         task.wall_ms = (time.perf_counter() - t) * 1000
         task.tool_ms, task.ok = tool_ms, True
 
@@ -324,10 +344,10 @@ async def chain(b: Bench, turns: int, n: int) -> dict[str, float]:
 
 
 @contextlib.asynccontextmanager
-async def loop_upstream(tmp: Path) -> AsyncIterator[str]:
+async def loop_upstream(tmp: Path, tool: str) -> AsyncIterator[str]:
     port = free_port()
     log = tmp / "upstream.log"
-    argv = [sys.executable, "-m", "bench.loop_upstream", "--port", str(port)]
+    argv = [sys.executable, "-m", "bench.loop_upstream", "--port", str(port), "--tool", tool]
     proc = start(argv, log)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -362,21 +382,21 @@ def ratios(cells: dict[str, dict[str, Any]]) -> dict[str, float]:
     }
 
 
-async def main_async(quick: bool, steps: int) -> dict[str, Any]:
+async def main_async(quick: bool, steps: int, tool: str = "run_python") -> dict[str, Any]:
     per_worker = {1: 5, 16: 1} if quick else {1: 100, 16: 20}
     turns, probes = (50, 5) if quick else (50, 100)
     with tempfile.TemporaryDirectory(prefix="gearshift-agent-loop-") as tmp:
-        async with loop_upstream(Path(tmp)) as upstream:
+        async with loop_upstream(Path(tmp), tool) as upstream:
             progress("starting gearshift serve (keys, recording to SQLite, sandbox)")
             connector = aiohttp.TCPConnector(limit=64)
             async with (
                 api.gateway(Path(tmp), upstream) as gw,
                 aiohttp.ClientSession(connector=connector) as http,
             ):
-                b = Bench(http, gw, upstream, f"sqlite:///{tmp}/trajectories.db", steps)
+                b = Bench(http, gw, upstream, f"sqlite:///{tmp}/trajectories.db", steps, tool)
                 async with http.get(gw.url + "/v1/tools", headers=AUTH) as r:
                     listed = await r.json(content_type=None)
-                b.chat_tools = [t for t in listed["data"] if t["function"]["name"] == "run_python"]
+                b.chat_tools = [t for t in listed["data"] if t["function"]["name"] == tool]
                 cells: dict[str, dict[str, Any]] = {}
                 for c, mode in [
                     (1, "client"),
@@ -386,7 +406,7 @@ async def main_async(quick: bool, steps: int) -> dict[str, Any]:
                     (16, "hosted"),
                 ]:
                     progress(f"{mode} loop, concurrency {c}: {c * per_worker[c]} tasks "
-                                 f"of {steps} tool steps")  # fmt: skip
+                                 f"of {steps} {tool} steps")  # fmt: skip
                     cells[f"{mode}/c{c}"] = await b.cell(mode, c, per_worker[c])
                 chained = await chain(b, turns, probes)
     return {
@@ -396,6 +416,7 @@ async def main_async(quick: bool, steps: int) -> dict[str, Any]:
             chained["chain50_load_p50_ms"] / chained["chain1_load_p50_ms"], 2
         ),
         "steps": steps,
+        "tool": tool,
         "errors": b.errors,
         "cells": cells,
         "targets": TARGETS,
@@ -408,8 +429,14 @@ def main() -> None:
     )
     p.add_argument("--quick", action="store_true", help="a few tasks per cell (seconds)")
     p.add_argument("--steps", type=int, default=4, help="tool steps per task (default 4)")
+    p.add_argument(
+        "--tool", choices=sorted(HOSTED_TOOLS), default="run_python",
+        help="the call each tool step makes: run_python (a process in the session's "
+        "interpreter) or list_dir (answered by the sandbox service itself: the loop's cost "
+        "with the cheapest tool run)",
+    )  # fmt: skip
     a = p.parse_args()
-    print(json.dumps(asyncio.run(main_async(a.quick, a.steps))))
+    print(json.dumps(asyncio.run(main_async(a.quick, a.steps, a.tool))))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The upstream of bench.agent_loop: a model that calls ``run_python`` for the first N steps
-of a task, then answers with a final message. Run in its own process, so that its time and
+"""The upstream of bench.agent_loop: a model that calls ``run_python`` (or ``--tool
+list_dir``) for the first N steps of a task, then answers with a final message. Run in its own process, so that its time and
 the load generator's never share an event loop:
 
     python -m bench.loop_upstream --port 9001
@@ -30,12 +30,15 @@ from bench.mock_upstream import STREAM_RE, MockProtocol, chat_answer
 
 TASK_RE = re.compile(rb"task ([0-9a-zA-Z_-]+) steps=(\d+)")
 TOOL_MSG_RE = re.compile(rb'"role"\s*:\s*"tool"')
-CODE = '{"code": "print(1)"}'
+# the call each tool step makes: run_python runs a process in the session's interpreter;
+# list_dir is answered by the sandbox service itself (the tool whose run costs least)
+ARGUMENTS = {"run_python": '{"code": "print(1)"}', "list_dir": '{"path": "."}'}
 
 
 class Stats:
     requests = 0
     busy_ms = 0.0
+    tool = "run_python"
 
 
 def answer(body: bytes) -> bytes:
@@ -47,7 +50,7 @@ def answer(body: bytes) -> bytes:
     finish = "stop"
     if done < steps:
         call = {"id": f"call_{task}_{done}", "type": "function",
-                "function": {"name": "run_python", "arguments": CODE}}  # fmt: skip
+                "function": {"name": Stats.tool, "arguments": ARGUMENTS[Stats.tool]}}  # fmt: skip
         message, finish = {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls"
     return chat_answer(body, message, finish, 8, "loop")
 
@@ -77,7 +80,9 @@ async def serve(port: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
-    port = parser.parse_args().port
+    parser.add_argument("--tool", choices=sorted(ARGUMENTS), default="run_python")
+    args = parser.parse_args()
+    port, Stats.tool = args.port, args.tool
     try:
         import uvloop
 

@@ -91,7 +91,7 @@ def config_text(tmp: Path, port: int, upstream: str, pool: int | None = None) ->
     """bench.gateway_overhead's operator configuration, plus the grant and a private root
     (and ``sandbox.pool`` when ``pool`` is given; else the default)."""
     config = yaml.safe_load(gearshift_config(tmp, port, upstream, operator=True))
-    grant = {"tools": list(TOOLS)}
+    grant = {"tools": [*TOOLS, "list_dir"], "read": ["*"]}  # list_dir: bench.agent_loop
     config["sandbox"] |= {"root": str(tmp / "workspaces"), "grants_by_tenant": {TENANT: grant}}
     if pool is not None:
         config["sandbox"]["pool"] = pool
