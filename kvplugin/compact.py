@@ -1,4 +1,5 @@
-"""Compact one request's cache in place: score, select, fill holes from the tail.
+"""Compact one request's cache: score, select, then fill holes from the tail in place, or
+gather the kept tokens into fresh blocks when the old ones are shared.
 
 No vLLM here, only torch and ``kernels``, so a pure-torch test can drive the very function
 the worker calls. vLLM's CPU attention backend keeps each layer's cache as
@@ -14,7 +15,14 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import KVLayout, MovePlan, apply_moves, plan_in_place, score_tokens, select_tokens
+from kernels import (
+    KVLayout,
+    apply_moves,
+    gather_tokens,
+    plan_in_place,
+    score_tokens,
+    select_tokens,
+)
 from kernels.compaction import Backend
 from kvplugin.config import CompactionConfig
 
@@ -52,12 +60,30 @@ def default_backend(device: torch.device) -> Backend:
 @dataclass(frozen=True, slots=True)
 class Compaction:
     new_length: int
-    kept: torch.Tensor  # [layers, 1 or kv_heads, new_length] original positions, sorted
-    plan: MovePlan
+    kept: torch.Tensor  # [layers, 1 or kv_heads, keep] original positions scored, sorted
+    positions: torch.Tensor  # [layers, 1 or kv_heads, new_length] where each slot's token was
+    moves: int  # tokens copied per (layer, head)
+    freed_blocks: list[int]  # blocks of the old table that hold nothing the sequence needs
 
-    @property
-    def freed_blocks(self) -> list[int]:
-        return [int(b) for b in self.plan.freed_blocks]
+
+def _selection(
+    key_caches: Sequence[torch.Tensor],
+    block_table: torch.Tensor,
+    seq_len: int,
+    queries: torch.Tensor,
+    keep: int,
+    config: CompactionConfig,
+    scale: float | None,
+    backend: Backend,
+) -> torch.Tensor:
+    """The ``keep`` positions of the first ``seq_len`` that survive, ``[layers, 1 or heads,
+    keep]``, sorted."""
+    scores = score_tokens(
+        key_caches, KVLayout.FLASH, block_table, seq_len, queries, backend, scale=scale
+    )
+    return select_tokens(
+        scores, keep, sinks=config.sinks, window=min(config.window, keep), per_head=config.per_head
+    )
 
 
 def compact_in_place(
@@ -71,6 +97,7 @@ def compact_in_place(
     value_caches: Sequence[torch.Tensor] | None = None,
     scale: float | None = None,
     backend: Backend | None = None,
+    length: int | None = None,
 ) -> Compaction:
     """Keep ``keep`` of the ``seq_len`` tokens of one sequence, in place.
 
@@ -79,21 +106,59 @@ def compact_in_place(
     values live in different views (``cpu_cache_views``). ``block_table``: the sequence's
     blocks; ``queries``: ``[layers, window, q_heads, dim]``, the post-RoPE queries of its
     last ``window`` tokens. After it, the first ``keep`` slots of the sequence hold the
-    kept tokens (not in order: ``plan.positions`` says where each came from) and
-    ``plan.freed_blocks`` hold nothing the sequence needs.
+    kept tokens (not in order: ``positions`` says where each came from) and
+    ``freed_blocks`` hold nothing the sequence needs.
+
+    ``length``: the tokens the cache holds (default ``seq_len``), when tokens decoded after
+    the scored ``seq_len`` are there too (the watermark trigger compacts running requests):
+    those are all kept, after the ``keep`` selected ones, and ``block_table`` covers them.
     """
     backend = backend or default_backend(key_caches[0].device)
-    block_size = key_caches[0].shape[2]
-    scores = score_tokens(
-        key_caches, KVLayout.FLASH, block_table, seq_len, queries, backend, scale=scale
-    )
-    kept = select_tokens(
-        scores, keep, sinks=config.sinks, window=min(config.window, keep), per_head=config.per_head
-    )
-    mask = torch.zeros(kept.shape[0], kept.shape[1], seq_len, dtype=torch.bool, device=kept.device)
+    length = _length(seq_len, length)
+    kept = _selection(key_caches, block_table, seq_len, queries, keep, config, scale, backend)
+    mask = torch.zeros(kept.shape[0], kept.shape[1], length, dtype=torch.bool, device=kept.device)
     mask.scatter_(-1, kept, True)
-    plan = plan_in_place(mask, block_table, block_size)
+    mask[..., seq_len:] = True
+    plan = plan_in_place(mask, block_table, key_caches[0].shape[2])
     apply_moves(key_caches, KVLayout.FLASH, block_table, plan, backend)
     if value_caches is not None:
         apply_moves(value_caches, KVLayout.FLASH, block_table, plan, backend)
-    return Compaction(plan.new_length, kept, plan)
+    freed = [int(b) for b in plan.freed_blocks]
+    return Compaction(plan.new_length, kept, plan.positions, plan.num_moves, freed)
+
+
+def compact_into(
+    key_caches: Sequence[torch.Tensor],
+    block_table: torch.Tensor,
+    seq_len: int,
+    queries: torch.Tensor,
+    keep: int,
+    config: CompactionConfig,
+    dst_table: torch.Tensor,
+    *,
+    value_caches: Sequence[torch.Tensor] | None = None,
+    scale: float | None = None,
+    backend: Backend | None = None,
+    length: int | None = None,
+) -> Compaction:
+    """``compact_in_place``'s selection, copied in order into the fresh blocks of
+    ``dst_table`` (``gather_tokens``) and nothing written in ``block_table``'s: for blocks
+    shared with other sequences through the prefix cache. Every old block is freed."""
+    backend = backend or default_backend(key_caches[0].device)
+    length = _length(seq_len, length)
+    kept = _selection(key_caches, block_table, seq_len, queries, keep, config, scale, backend)
+    decoded = torch.arange(seq_len, length, device=kept.device)
+    positions = torch.cat([kept, decoded.expand(*kept.shape[:2], -1)], -1)
+    gather_tokens(key_caches, KVLayout.FLASH, block_table, positions, dst_table, backend)
+    if value_caches is not None:
+        gather_tokens(value_caches, KVLayout.FLASH, block_table, positions, dst_table, backend)
+    freed = [int(b) for b in block_table]
+    return Compaction(positions.shape[-1], kept, positions, positions.shape[-1], freed)
+
+
+def _length(seq_len: int, length: int | None) -> int:
+    if length is None:
+        return seq_len
+    if length < seq_len:
+        raise ValueError(f"the cache holds {length} tokens, fewer than the {seq_len} scored")
+    return length

@@ -16,7 +16,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 ENV_VAR = "GEARSHIFT_KV_COMPACTION"
 # Set to a file path to have the scheduler and the worker append one JSON line per
@@ -31,8 +31,14 @@ class CompactionConfigError(ValueError):
 @dataclass(frozen=True, slots=True)
 class CompactionConfig:
     enabled: bool = False
-    # compact a request whose prompt is longer than this once its prefill completes
+    # only a request whose prompt is longer than this is compacted
     trigger_tokens: int = 2048
+    # when: "prompt", as soon as its prefill completes; "watermark", while it runs, once the
+    # KV pool's usage reaches high_watermark, longest requests first until it is under
+    # low_watermark (usage: the fraction of the pool's blocks in use, vLLM's kv_cache_usage)
+    trigger: Literal["prompt", "watermark"] = "prompt"
+    high_watermark: float = 0.9
+    low_watermark: float = 0.7
     # tokens kept: an absolute count (> 1) or a fraction of the prompt (0 < budget <= 1)
     budget: float = 0.5
     # the observation window: the last `window` prompt tokens score the rest, and are kept
@@ -47,6 +53,13 @@ class CompactionConfig:
             raise CompactionConfigError(
                 "trigger_tokens and window must be >= 1, sinks >= 0; got "
                 f"{self.trigger_tokens}, {self.window}, {self.sinks}"
+            )
+        if self.trigger not in ("prompt", "watermark"):
+            raise CompactionConfigError(f"trigger is 'prompt' or 'watermark', got {self.trigger!r}")
+        if not 0 < self.low_watermark < self.high_watermark <= 1:
+            raise CompactionConfigError(
+                "watermarks must satisfy 0 < low_watermark < high_watermark <= 1; got "
+                f"{self.low_watermark}, {self.high_watermark}"
             )
         if not self.budget > 0 or (self.budget > 1 and self.budget != int(self.budget)):
             raise CompactionConfigError(

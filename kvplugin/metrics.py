@@ -49,6 +49,9 @@ class CompactionRecord:
     prompt_tokens: int
     kept_tokens: int
     freed_blocks: int
+    # tokens in the cache when it was compacted: prompt_tokens for the prompt trigger, more
+    # for the watermark one (the tokens decoded before it saw the full cache)
+    cached_tokens: int = 0
     seconds: float = 0.0
     # preempted after compaction: recomputed with a full cache from then on
     recomputed: bool = False

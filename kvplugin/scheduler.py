@@ -10,10 +10,20 @@ When a request's whole prompt is scheduled and it is longer than ``trigger_token
 scheduler (in the same ``schedule`` call) decides it keeps ``kept_tokens`` of them, takes
 its blocks out of the prefix cache (a compacted block no longer holds what its hash
 says), frees its trailing blocks, and tells the worker in the step's ``SchedulerOutput``.
+A request whose blocks are shared through the prefix cache (``ref_cnt > 1``) gets fresh
+blocks instead, which the worker gathers the kept tokens into; its old blocks are all
+released, unchanged (the shared ones stay with their other readers and in the cache).
 Freeing them before the worker compacts is safe: the worker runs steps in order, so a
 block handed to another request in a later step is written only after this step's
 forward and compaction are done. From then on the request's block accounting runs on its
 physical length (``num_computed_tokens - evicted``), and its blocks are never cached again.
+
+With ``trigger: watermark`` the step that completes such a prompt only has the worker keep
+its window's queries; later, in any step that leaves the pool's usage at ``high_watermark``
+or above, the scheduler compacts the running requests of that step that have them, longest
+first, until the usage is under ``low_watermark``. Such a request keeps ``kept_tokens`` of
+its prompt and every token decoded since (``CompactionRecord.cached_tokens`` says how many
+tokens its cache held then).
 """
 
 from __future__ import annotations
@@ -31,8 +41,18 @@ from kvplugin.metrics import RESULT_KEY, TIMINGS_ATTR, CompactionRecord
 
 log = logging.getLogger("vllm.gearshift.kv_compaction")
 
-# The attribute of SchedulerOutput that carries {request id: tokens kept} to the worker.
+# The attributes of SchedulerOutput that tell the worker, for this step, which requests to
+# compact after the forward ({request id: Order}, below) and whose
+# window queries to keep from the forward (the requests whose prompt it completes that will
+# be compacted, now or, with the watermark trigger, in a later step).
 ORDERS_ATTR = "gearshift_kv_compaction"
+STASH_ATTR = "gearshift_kv_stash"
+# One compaction order: (prompt tokens kept, tokens cached after the step's forward, the fresh
+# blocks to gather the kept tokens into, or None to compact in place). The worker applies a
+# step's orders in the order the scheduler made them: a request whose shared blocks another
+# one gathers from is compacted in place only after that gather (its blocks became its own
+# when the other released them).
+Order = tuple[int, int, list[int] | None]
 
 
 def _unsupported(vllm_config: Any) -> str | None:
@@ -98,6 +118,9 @@ class _CompactionMixin:
         # request id -> its compaction, until it finishes (then in its kv_transfer_params)
         self.kv_records: dict[str, CompactionRecord] = {}
         self._kv_compacted_once: set[str] = set()
+        # requests whose window queries the worker keeps (watermark trigger), not compacted yet
+        self._kv_stashed: set[str] = set()
+        self._kv_skip_logged: set[str] = set()  # said once per request, not at every step
         managers = self.kv_cache_manager.coordinator.single_type_managers
         if self.kv_compaction.enabled and len(managers) != 1:
             log.warning(
@@ -127,15 +150,24 @@ class _CompactionMixin:
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         output: SchedulerOutput = super().schedule(*args, **kwargs)  # type: ignore[misc]
-        orders: dict[str, int] = {}
-        if self.kv_compaction.enabled:
+        orders: dict[str, Order] = {}
+        stash: list[str] = []
+        cfg = self.kv_compaction
+        if cfg.enabled:
             for req_id, scheduled in output.num_scheduled_tokens.items():
-                keep = self._kv_keep(self.requests[req_id], scheduled)
-                if keep is not None:
-                    orders[req_id] = keep
-            for req_id, keep in orders.items():
-                self._kv_release(self.requests[req_id], keep)
+                request = self.requests[req_id]
+                keep = self._kv_keep(request, scheduled)
+                if keep is None:
+                    continue
+                stash.append(req_id)  # the worker captures its window's queries
+                if cfg.trigger == "watermark":
+                    self._kv_stashed.add(req_id)  # for a compaction later
+                elif order := self._kv_compact(request, keep, request.num_prompt_tokens):
+                    orders[req_id] = order
+            if cfg.trigger == "watermark":
+                orders = self._kv_watermark(output)
         setattr(output, ORDERS_ATTR, orders)
+        setattr(output, STASH_ATTR, stash)
         return output
 
     def _kv_keep(self, request: Request, scheduled: int) -> int | None:
@@ -155,53 +187,107 @@ class _CompactionMixin:
                 req_id,
             )
             return None
-        blocks = self._kv_blocks(req_id)
-        if any(b.ref_cnt > 1 for b in blocks):
-            # shared through the prefix cache: in-place moves would corrupt the other
-            # readers (gather_tokens into fresh blocks is the next step)
-            log.info(
-                "KV compaction skipped for %s: its blocks are shared through the prefix cache",
-                req_id,
-            )
-            return None
         return keep
+
+    def _kv_watermark(self, output: SchedulerOutput) -> dict[str, Order]:
+        """With the KV pool's usage at the high watermark or above, compact the running
+        requests of this step whose window queries the worker keeps, longest first, until
+        the usage is under the low watermark. Returns their orders."""
+        cfg, pool = self.kv_compaction, self.kv_cache_manager.block_pool
+        orders: dict[str, Order] = {}
+        candidates = [
+            self.requests[r]
+            for r in output.num_scheduled_tokens
+            # speculated tokens may be rejected: their slots must stay at the sequence's end
+            if r in self._kv_stashed and r not in output.scheduled_spec_decode_tokens
+        ]
+        usage = pool.get_usage()
+        if not candidates or usage < cfg.high_watermark:
+            return orders
+        candidates.sort(key=lambda r: r.num_computed_tokens, reverse=True)
+        for request in candidates:
+            if pool.get_usage() < cfg.low_watermark:
+                break
+            keep = cfg.kept_tokens(request.num_prompt_tokens)
+            # after this step's forward the cache holds every computed token
+            if order := self._kv_compact(request, keep, request.num_computed_tokens):
+                orders[request.request_id] = order
+        if orders:
+            log.info(
+                "KV compaction: the KV cache was %.0f%% used (high watermark %.0f%%); %d of %d "
+                "running requests compacted, now %.0f%% (low watermark %.0f%%)",
+                100 * usage, 100 * cfg.high_watermark, len(orders), len(candidates),
+                100 * pool.get_usage(), 100 * cfg.low_watermark,
+            )  # fmt: skip
+        return orders
 
     def _kv_blocks(self, req_id: str) -> list[Any]:
         manager = self.kv_cache_manager.coordinator.single_type_managers[0]
         blocks: list[Any] = manager.req_to_blocks[req_id]
         return blocks
 
-    def _kv_release(self, request: Request, keep: int) -> None:
+    def _kv_compact(self, request: Request, keep: int, length: int) -> Order | None:
+        """``request`` keeps ``keep`` of its prompt tokens, and every token after them, of
+        the ``length`` its cache holds after this step: the blocks it no longer needs go
+        back now. Its order for the worker, or None when it cannot be compacted now.
+
+        Blocks shared through the prefix cache must not be written (their other readers
+        still need them): the kept tokens are then gathered into fresh blocks and every old
+        one is released (the shared ones stay with their readers, and in the prefix cache).
+        Otherwise the request is compacted in place, its blocks leave the prefix cache (they
+        will no longer hold what their hash says) and its trailing blocks are freed."""
         req_id = request.request_id
         manager = self.kv_cache_manager.coordinator.single_type_managers[0]
         pool = self.kv_cache_manager.block_pool
         blocks = self._kv_blocks(req_id)
-        for block in blocks:
-            pool._maybe_evict_cached_block(block)
-        kept_blocks = -(-keep // manager.block_size)
-        freed = blocks[kept_blocks:]
-        del blocks[kept_blocks:]
+        held, evicted = len(blocks), request.num_prompt_tokens - keep
+        needed = -(-(length - evicted) // manager.block_size)
+        fresh: list[int] | None = None
+        if any(b.ref_cnt > 1 for b in blocks):
+            if pool.get_num_free_blocks() < needed:
+                if req_id not in self._kv_skip_logged:
+                    self._kv_skip_logged.add(req_id)
+                    log.info(
+                        "KV compaction skipped for %s: its blocks are shared through the prefix "
+                        "cache and fewer than %d blocks are free to gather into", req_id, needed,
+                    )  # fmt: skip
+                return None
+            released = list(blocks)
+            blocks[:] = pool.get_new_blocks(needed)
+            fresh = [b.block_id for b in blocks]
+        else:
+            for block in blocks:
+                pool._maybe_evict_cached_block(block)
+            released = blocks[needed:]
+            del blocks[needed:]
         manager.num_cached_block[req_id] = 0
-        pool.free_blocks(reversed(freed))
-        evicted = request.num_prompt_tokens - keep
+        pool.free_blocks(reversed(released))
         self.kv_evicted[req_id] = evicted
         self._kv_compacted_once.add(req_id)
-        self.kv_records[req_id] = CompactionRecord(request.num_prompt_tokens, keep, len(freed))
+        self._kv_stashed.discard(req_id)
+        self.kv_records[req_id] = CompactionRecord(
+            request.num_prompt_tokens, keep, held - needed, cached_tokens=length
+        )
+        self._kv_count(req_id, request.num_prompt_tokens, keep, held - needed)
+        trace({
+            "side": "scheduler", "request": req_id, "prompt_tokens": request.num_prompt_tokens,
+            "kept_tokens": keep, "cached_tokens": length, "gathered": fresh is not None,
+            "held_blocks": held, "kept_blocks": [b.block_id for b in blocks],
+            "released_blocks": [b.block_id for b in released], "usage_after": pool.get_usage(),
+        })  # fmt: skip
+        return keep, length, fresh
+
+    def _kv_count(self, req_id: str, prompt: int, keep: int, freed: int) -> None:
         totals = self.kv_totals
         totals["requests"] += 1
-        totals["evicted_tokens"] += evicted
-        totals["freed_blocks"] += len(freed)
+        totals["evicted_tokens"] += prompt - keep
+        totals["freed_blocks"] += freed
         log.info(
             "KV compaction: request %s keeps %d of %d prompt tokens (evicted %d, freed %d blocks); "
             "totals: %d requests, %d tokens evicted, %d blocks freed",
-            req_id, keep, request.num_prompt_tokens, evicted, len(freed),
+            req_id, keep, prompt, prompt - keep, freed,
             totals["requests"], totals["evicted_tokens"], totals["freed_blocks"],
         )  # fmt: skip
-        trace({
-            "side": "scheduler", "request": req_id, "prompt_tokens": request.num_prompt_tokens,
-            "kept_tokens": keep, "kept_blocks": [b.block_id for b in blocks],
-            "freed_blocks": [b.block_id for b in freed],
-        })  # fmt: skip
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         # the worker's time for the compactions it did in that step (kvplugin.worker)
@@ -214,6 +300,7 @@ class _CompactionMixin:
     def _preempt_request(self, request: Request, *args: Any, **kwargs: Any) -> None:
         # recomputed from its tokens with a full cache: its blocks are all freed here
         super()._preempt_request(request, *args, **kwargs)  # type: ignore[misc]
+        self._kv_stashed.discard(request.request_id)  # the worker drops the queries too
         if self.kv_evicted.pop(request.request_id, None) is not None:
             self.kv_records[request.request_id].recomputed = True
             log.info(
@@ -226,6 +313,8 @@ class _CompactionMixin:
         (what reaches the API server's answer and kvplugin.metrics' counters)."""
         self.kv_evicted.pop(request.request_id, None)
         self._kv_compacted_once.discard(request.request_id)
+        self._kv_stashed.discard(request.request_id)
+        self._kv_skip_logged.discard(request.request_id)
         record = self.kv_records.pop(request.request_id, None)
         kv_params, *rest = super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
         if record is not None:

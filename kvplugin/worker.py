@@ -3,13 +3,17 @@
 Installed on vLLM's CPU model runner and CPU attention backend by ``kvplugin.register``
 (class-level wrappers, installed once per process):
 
-* ``CPUAttentionBackendImpl.forward``: in a step where the scheduler ordered compactions,
-  each attention layer copies the post-RoPE queries of the last ``window`` prompt tokens
-  of those requests (``[window, q_heads, head_dim]`` per layer and request);
-* ``CPUModelRunner.execute_model``: after the forward has written the prompt's keys and
-  values, each ordered request is compacted in place (``kvplugin.compact``), its block
-  table row is cut to the blocks it keeps (the scheduler freed the others), and its
-  eviction count is recorded;
+* ``CPUAttentionBackendImpl.forward``: in a step where the scheduler asks for them
+  (``STASH_ATTR``: requests whose prompt the step completes), each attention layer copies
+  the post-RoPE queries of the last ``window`` prompt tokens of those requests
+  (``[window, q_heads, head_dim]`` per layer and request); the runner keeps them until the
+  request is compacted (in the same step for the prompt trigger, in a later one for the
+  watermark trigger), finishes or is preempted;
+* ``CPUModelRunner.execute_model``: after the forward has written the step's keys and
+  values, each ordered request is compacted (``kvplugin.compact``: the prompt is scored
+  and selected, tokens decoded after it are kept) in place, or gathered into the fresh
+  blocks the scheduler gave it when its own are shared; its block table row becomes the
+  blocks it keeps (the scheduler freed the others), and its eviction count is recorded;
 * the runner's ``compute_slot_mapping``: for compacted requests the cache slots and the
   sequence lengths use the compacted length (``position - evicted``) while the RoPE
   positions and token indices keep the original count: the moved keys already carry their
@@ -27,24 +31,23 @@ from typing import Any
 
 import torch
 
-from kvplugin.compact import compact_in_place, cpu_cache_views
+from kvplugin.compact import compact_in_place, compact_into, cpu_cache_views
 from kvplugin.config import CompactionConfig, trace
 from kvplugin.metrics import TIMINGS_ATTR
-from kvplugin.scheduler import ORDERS_ATTR
+from kvplugin.scheduler import ORDERS_ATTR, STASH_ATTR, Order
 
 log = logging.getLogger("vllm.gearshift.kv_compaction")
 
 
 @dataclass
 class _Step:
-    """One execute_model call that carries compaction orders."""
+    """One execute_model call whose forward captures window queries."""
 
     runner: Any
-    orders: dict[str, int]
+    capture: set[str]
     window: int
     ranges: dict[str, tuple[int, int]] | None = None
     queries: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
-    scale: float | None = None
 
 
 _STEP: _Step | None = None  # set only while such a step's forward runs
@@ -52,11 +55,16 @@ _STEP: _Step | None = None  # set only while such a step's forward runs
 
 def _runner_state(runner: Any) -> dict[str, int]:
     """Request id -> tokens evicted, for the requests this runner has compacted."""
-    evicted: dict[str, int] | None = getattr(runner, "_gearshift_kv_evicted", None)
-    if evicted is None:
-        evicted = {}
-        runner._gearshift_kv_evicted = evicted
+    evicted: dict[str, int] = runner.__dict__.setdefault("_gearshift_kv_evicted", {})
     return evicted
+
+
+def _stashed(runner: Any) -> dict[str, dict[str, torch.Tensor]]:
+    """Request id -> layer -> window queries, for the requests this runner will compact."""
+    stash: dict[str, dict[str, torch.Tensor]] = runner.__dict__.setdefault(
+        "_gearshift_kv_stash", {}
+    )
+    return stash
 
 
 def attention_forward(original: Any) -> Any:
@@ -68,13 +76,13 @@ def attention_forward(original: Any) -> Any:
                 ids = step.runner.input_batch.req_ids
                 starts = metadata.query_start_loc.tolist()
                 step.ranges = {
-                    r: (starts[i], starts[i + 1]) for i, r in enumerate(ids) if r in step.orders
+                    r: (starts[i], starts[i + 1]) for i, r in enumerate(ids) if r in step.capture
                 }
             rows = query.view(query.shape[0], self.num_heads, self.head_size)
             for req_id, (start, end) in step.ranges.items():
                 first = max(start, end - step.window)
                 step.queries.setdefault(req_id, {})[layer.layer_name] = rows[first:end].clone()
-            step.scale = self.scale
+            step.runner._gearshift_kv_scale = self.scale
         return result
 
     forward._gearshift_kv = True  # type: ignore[attr-defined]
@@ -84,22 +92,25 @@ def attention_forward(original: Any) -> Any:
 def execute_model(original: Any, config: CompactionConfig) -> Any:
     def run(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         global _STEP
-        evicted = _runner_state(self)
+        evicted, stash = _runner_state(self), _stashed(self)
         preempted = getattr(scheduler_output, "preempted_req_ids", None) or ()
         for req_id in (*scheduler_output.finished_req_ids, *preempted):
             evicted.pop(req_id, None)
+            stash.pop(req_id, None)
         _install_slot_shift(self)
         orders = getattr(scheduler_output, ORDERS_ATTR, None) or {}
-        if not orders:
-            return original(self, scheduler_output, *args, **kwargs)
-        _STEP = _Step(self, dict(orders), config.window)
-        try:
+        capture = set(getattr(scheduler_output, STASH_ATTR, None) or ())
+        if not capture:
             result = original(self, scheduler_output, *args, **kwargs)
-            step = _STEP
-        finally:
-            _STEP = None
-        for req_id, keep in orders.items():
-            _compact(self, step, req_id, keep, config)
+        else:
+            _STEP = step = _Step(self, capture, config.window)
+            try:
+                result = original(self, scheduler_output, *args, **kwargs)
+            finally:
+                _STEP = None
+            stash.update(step.queries)
+        for req_id, order in orders.items():  # in the scheduler's order (see Order)
+            _compact(self, req_id, order, config)
         return result
 
     run._gearshift_kv = True  # type: ignore[attr-defined]
@@ -128,10 +139,14 @@ def _layer_names(runner: Any) -> list[str]:
     return names
 
 
-def _compact(runner: Any, step: _Step, req_id: str, keep: int, config: CompactionConfig) -> None:
+def _compact(runner: Any, req_id: str, order: Order, config: CompactionConfig) -> None:
+    """Compact ``req_id``'s cache as ``order`` says (``kvplugin.scheduler.Order``): to its
+    kept prompt tokens and the tokens decoded after the prompt, in place or gathered into
+    the fresh blocks the scheduler gave it."""
     started = time.perf_counter()
+    keep, length, fresh = order
     names = _layer_names(runner)
-    stashed = step.queries.get(req_id, {})
+    stashed = _stashed(runner).pop(req_id, {})
     if req_id not in runner.requests or any(n not in stashed for n in names):
         # the scheduler has already freed the trailing blocks: this must not happen
         raise RuntimeError(f"KV compaction of {req_id}: the window's queries were not captured")
@@ -141,28 +156,39 @@ def _compact(runner: Any, step: _Step, req_id: str, keep: int, config: Compactio
     keys, values = zip(*(cpu_cache_views(context[n].kv_cache) for n in names), strict=True)
     block_size = keys[0].shape[2]
     blocks = state.block_ids[0]
-    table = torch.tensor(blocks[: -(-seq_len // block_size)], dtype=torch.int32)
+    table = torch.tensor(blocks[: -(-length // block_size)], dtype=torch.int32)
     queries = torch.stack([stashed[n] for n in names])
-    result = compact_in_place(
-        keys, table, seq_len, queries, keep, config, value_caches=values, scale=step.scale
-    )
-    kept_blocks = -(-result.new_length // block_size)
-    del blocks[kept_blocks:]
+    scale = runner.__dict__.get("_gearshift_kv_scale")
+    if fresh is None:
+        result = compact_in_place(
+            keys, table, seq_len, queries, keep, config, value_caches=values, scale=scale,
+            length=length,
+        )  # fmt: skip
+        del blocks[-(-result.new_length // block_size) :]
+    else:
+        result = compact_into(
+            keys, table, seq_len, queries, keep, config, torch.tensor(fresh, dtype=torch.int32),
+            value_caches=values, scale=scale, length=length,
+        )  # fmt: skip
+        blocks[:] = fresh
     row = runner.input_batch.req_id_to_index[req_id]
     for group_table in runner.input_batch.block_table.block_tables[:1]:
-        group_table.block_table.np[row, kept_blocks:] = 0
-        group_table.num_blocks_per_row[row] = kept_blocks
-    _runner_state(runner)[req_id] = seq_len - result.new_length
+        group_table.block_table.np[row, : len(blocks)] = blocks
+        group_table.block_table.np[row, len(blocks) :] = 0
+        group_table.num_blocks_per_row[row] = len(blocks)
+    _runner_state(runner)[req_id] = length - result.new_length
     seconds = time.perf_counter() - started
     runner.__dict__.setdefault("_gearshift_kv_timings", {})[req_id] = seconds
     log.info(
-        "KV compaction: request %s compacted %d -> %d tokens in %.1f ms (%d moves)",
-        req_id, seq_len, result.new_length, 1000 * seconds, result.plan.num_moves,
+        "KV compaction: request %s compacted %d -> %d tokens in %.1f ms (%d %s)",
+        req_id, length, result.new_length, 1000 * seconds, result.moves,
+        "moves" if fresh is None else "tokens gathered into fresh blocks",
     )  # fmt: skip
     trace({
-        "side": "worker", "request": req_id, "prompt_tokens": seq_len,
-        "kept_tokens": result.new_length, "kept_positions": result.kept[:, 0].tolist(),
-        "slot_positions": result.plan.positions[:, 0].tolist(), "kept_blocks": list(blocks),
+        "side": "worker", "request": req_id, "prompt_tokens": seq_len, "cached_tokens": length,
+        "kept_tokens": result.new_length - (length - seq_len),
+        "kept_positions": result.kept[:, 0].tolist(),
+        "slot_positions": result.positions[:, 0].tolist(), "kept_blocks": list(blocks),
     })  # fmt: skip
 
 

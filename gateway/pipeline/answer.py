@@ -2,8 +2,9 @@
 
 A 200 answer is parsed once: usage, finish reasons and the served model for the outcome;
 the choices' token ids and log-probabilities for the recorder (then removed unless the
-client asked for them); the assistant messages for an unnamed session's hash chain. An
-error that is not in the OpenAI shape is wrapped into it.
+client asked for them); the engine's KV-compaction record for the recorder (always removed:
+docs/decisions/kv-record-stripped.md); the assistant messages for an unnamed session's hash
+chain. An error that is not in the OpenAI shape is wrapped into it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from gateway.recording.capture import StreamCapture, Wants
 from gateway.recording.cut import as_written, cut_prompt_ids
 from gateway.recording.records import RawJson
 from gateway.upstream.dispatch import Completed, upstream_message
-from kvplugin.metrics import record_of
+from gateway.upstream.relay_filter import take_kv_record
 from router import Endpoint
 
 log = logging.getLogger(__name__)
@@ -74,15 +75,17 @@ def answer(
     if not isinstance(usage, dict):
         usage = {}
     model = data.get("model") if isinstance(data.get("model"), str) else None
-    captured, body = None, result.body
+    captured = None
+    kv_record = take_kv_record(data)  # the engine compacted its KV cache: not the client's
+    changed = kv_record is not None
     if wants is not None:
         captured = Captured(
-            _prompt_ids(data, choices), capture.choices_of(data, endpoint), model,
-            record_of(data.get("kv_transfer_params")),  # the engine compacted its KV cache
-        )  # fmt: skip
+            _prompt_ids(data, choices), capture.choices_of(data, endpoint), model, kv_record
+        )
         if not (wants.logprobs and wants.token_ids):
-            capture.strip(data, wants)
-            body = orjson.dumps(data, default=as_written)  # cut ids the client asked for
+            capture.strip(data, wants)  # cut ids the client did not ask for
+            changed = True
+    body = orjson.dumps(data, default=as_written) if changed else result.body
     return Answer(
         200, body, _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")),
         tuple(c.get("finish_reason") or "" for c in choices), model, captured,

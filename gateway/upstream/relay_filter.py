@@ -17,6 +17,10 @@ it directly:
   the chunk is never forwarded.
 
 Events then pass through an optional ``rewrite`` (recording's capture).
+
+A whole (non-streamed) answer carries the record in vLLM's own ``kv_transfer_params``
+field; ``take_kv_record`` takes it out the same way, so that streamed or not, the client
+gets what vLLM would have sent for an uncompacted request (docs/decisions/kv-record-stripped.md).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 import orjson
 
 from gateway.upstream.sse import DONE
-from kvplugin.metrics import record_of
+from kvplugin.metrics import RESULT_KEY, record_of
 
 USAGE_MARK = b'"usage":{'
 EMPTY_CHOICES = b'"choices":[]'
@@ -101,6 +105,18 @@ class EventFilter:
 
     def _out(self, ev: bytes) -> bytes:
         return ev if self._rewrite is None else self._rewrite(ev)
+
+
+def take_kv_record(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The compaction record of a whole answer, removed from it: its ``kv_transfer_params``
+    keeps any other key, and is null, as vLLM writes it, when nothing else is left."""
+    params = data.get("kv_transfer_params")
+    record = record_of(params)
+    if record is None or not isinstance(params, dict):
+        return None
+    rest = {k: v for k, v in params.items() if k != RESULT_KEY}
+    data["kv_transfer_params"] = rest or None
+    return record
 
 
 def stamped(ev: bytes, fingerprint: str) -> bytes:

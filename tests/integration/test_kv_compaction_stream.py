@@ -1,5 +1,6 @@
-"""A streamed step served from a compacted KV cache says so, and its client never sees the
-engine's record chunk (kvplugin/stream.py sends it before ``[DONE]``; the relay strips it)."""
+"""A step served from a compacted KV cache says so, and its client never sees the engine's
+record: not its chunk in a stream (kvplugin/stream.py sends it before ``[DONE]``; the relay
+strips it), nor its ``kv_transfer_params`` in a whole answer (docs/decisions/kv-record-stripped.md)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,15 @@ def test_a_compacted_stream_records_what_was_kept(make_stack) -> None:
 def test_a_stream_without_a_record_records_no_compaction(make_stack) -> None:
     _, step = streamed_step(make_stack([FakeUpstream()]))
     assert not any(k.startswith("kv_") for k in step["features"] or {})
+
+
+def test_a_compacted_answer_records_what_was_kept_and_its_client_sees_null(make_stack) -> None:
+    stack = make_stack([FakeUpstream().then(Behaviour(kv_record=RECORD))])
+    r = httpx.post(
+        stack.url + "/v1/chat/completions", json={**BODY, "stream": False}, timeout=TIMEOUT_S
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["kv_transfer_params"] is None  # as vLLM answers an uncompacted request
+    assert b"gearshift_kv_compaction" not in r.content
+    step = httpx.get(stack.url + "/v1/steps/" + r.headers["x-gearshift-step-id"], timeout=60)
+    assert step.json()["features"]["kv_compaction_kept_tokens"] == 1500.0

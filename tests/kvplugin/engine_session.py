@@ -6,7 +6,8 @@ argv: tokenizer dir, work dir, JSON of the session: {"compaction": settings, "en
 LLM arguments shared by the engines, "engines": [{"scheduler_cls", "scenarios": [{"name",
 "batches", "max_tokens"}]}]}. A batch is a list of prompts generated together; a prompt is
 a length, or [length, index of an earlier prompt of the scenario, tokens of it to start
-with] (prefix sharing). Prints one JSON line: per engine and scenario, per request vLLM's
+with] (prefix sharing). A scenario's "compaction" (optional) changes, for it, the settings the
+scheduler reads (when and how much; never window or sinks, which the worker reads too). Prints one JSON line: per engine and scenario, per request vLLM's
 tokens, top logprobs, kv_transfer_params and the references' log-probabilities for them,
 the compaction traces, the KV pool's free blocks before and after, and what the plugin's
 Prometheus counters gained.
@@ -55,7 +56,10 @@ from prometheus_client import REGISTRY  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402  (after the environment is set)
 from vllm.inputs import TokensPrompt  # noqa: E402
 
+from kvplugin.config import CompactionConfig  # noqa: E402
 from kvplugin.metrics import COUNTERS, record_of  # noqa: E402
+
+SCHEDULER_ONLY = {"trigger", "trigger_tokens", "budget", "high_watermark", "low_watermark"}
 
 reference = Reference(model_dir, cfg)
 g = torch.Generator().manual_seed(1)
@@ -76,7 +80,11 @@ def read_traces(offset: int) -> tuple[list[dict[str, Any]], int]:
 
 
 def run_scenario(llm: Any, scenario: dict[str, Any], trace_offset: int) -> tuple[dict, int]:
-    pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    pool, settings = scheduler.kv_cache_manager.block_pool, scheduler.kv_compaction
+    override = scenario.get("compaction", {})
+    assert set(override) <= SCHEDULER_ONLY, override
+    scheduler.kv_compaction = CompactionConfig.from_mapping({**cfg, **override})
     free_before, counted = pool.get_num_free_blocks(), counters()
     params = SamplingParams(
         max_tokens=scenario["max_tokens"], temperature=0.0, logprobs=5, ignore_eos=True
@@ -93,12 +101,17 @@ def run_scenario(llm: Any, scenario: dict[str, Any], trace_offset: int) -> tuple
         outs += llm.generate(
             [TokensPrompt(prompt_token_ids=p) for p in new], params, use_tqdm=False
         )
+    scheduler.kv_compaction = settings
     traces, trace_offset = read_traces(trace_offset)
     compacted = {t["request"] for t in traces if t["side"] == "worker"}
+    orders = {
+        t["request"]: (t["kept_tokens"], t["cached_tokens"])
+        for t in traces if t["side"] == "scheduler"
+    }  # fmt: skip
     results = []
     for prompt, out in zip(prompts, outs, strict=True):
         tokens = list(out.outputs[0].token_ids)
-        ref = reference.follow(prompt, tokens, out.request_id in compacted)
+        ref = reference.follow(prompt, tokens, orders.get(out.request_id))
         steps = []
         for j, lp in enumerate(out.outputs[0].logprobs):
             ids = sorted(lp)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvplugin.compact import compact_in_place, cpu_cache_views
+from kvplugin.compact import compact_in_place, compact_into, cpu_cache_views
 from kvplugin.config import ENV_VAR, CompactionConfig, CompactionConfigError
 
 
@@ -23,7 +23,11 @@ def test_env_round_trip_and_errors() -> None:
     cfg = CompactionConfig(enabled=True, trigger_tokens=300, budget=200, per_head=True)
     assert CompactionConfig.from_env({ENV_VAR: cfg.to_env()}) == cfg
     assert CompactionConfig.from_env({}) == CompactionConfig()
-    for bad in ('{"budget": 0}', '{"budget": 2.5}', '{"budget": 10}', '{"nope": 1}', "[1]", "{"):
+    watermark = CompactionConfig(enabled=True, trigger="watermark", high_watermark=0.8)
+    assert CompactionConfig.from_env({ENV_VAR: watermark.to_env()}) == watermark
+    for bad in ('{"budget": 0}', '{"budget": 2.5}', '{"budget": 10}', '{"nope": 1}', "[1]", "{",
+                '{"trigger": "usage"}', '{"high_watermark": 1.2}', '{"low_watermark": 0}',
+                '{"high_watermark": 0.6, "low_watermark": 0.6}'):  # fmt: skip
         with pytest.raises(CompactionConfigError):
             CompactionConfig.from_env({ENV_VAR: bad})
 
@@ -73,7 +77,7 @@ def test_compaction_in_the_cpu_layout(per_head: bool) -> None:
     assert result.kept.shape == (3, heads, 70)
     for layer in range(3):
         for h in range(2):
-            row = result.plan.positions[layer, h if per_head else 0]
+            row = result.positions[layer, h if per_head else 0]
             assert sorted(row.tolist()) == result.kept[layer, h if per_head else 0].tolist()
             assert set(range(4)) | set(range(142, 150)) <= set(row.tolist())  # sinks, window
             for slot, src in enumerate(row.tolist()):
@@ -83,3 +87,62 @@ def test_compaction_in_the_cpu_layout(per_head: bool) -> None:
                                    key_of(before[layer], src_block, h, src % 32))  # fmt: skip
                 assert torch.equal(value_of(layers[layer], dst_block, *args),
                                    value_of(before[layer], src_block, h, src % 32))  # fmt: skip
+
+
+def test_tokens_decoded_after_the_prompt_are_kept() -> None:
+    """The watermark trigger compacts a running request: its prompt (120 tokens) is scored
+    and cut to 60, the 30 tokens decoded since stay, and the 150 cached tokens fit in 3 of
+    its 5 blocks."""
+    torch.manual_seed(1)
+    layers = [cpu_layout_cache(8, 2, 32, 64) for _ in range(2)]
+    before = [c.clone() for c in layers]
+    views = [cpu_cache_views(c) for c in layers]
+    table = torch.tensor([3, 7, 1, 4, 6], dtype=torch.int32)
+    cfg = CompactionConfig(enabled=True, trigger_tokens=100, budget=60, window=8, sinks=4)
+    result = compact_in_place(
+        [k for k, _ in views], table, 120, torch.randn(2, 8, 4, 64), 60, cfg,
+        value_caches=[v for _, v in views], length=150,
+    )  # fmt: skip
+    assert result.new_length == 90 and result.freed_blocks == [4, 6]
+    assert result.kept.shape == (2, 1, 60) and int(result.kept.max()) < 120
+    for layer in range(2):
+        row = result.positions[layer, 0].tolist()
+        assert sorted(row) == result.kept[layer, 0].tolist() + list(range(120, 150))
+        for slot, src in enumerate(row):
+            dst_block, src_block = int(table[slot // 32]), int(table[src // 32])
+            for h in range(2):
+                assert torch.equal(key_of(layers[layer], dst_block, h, slot % 32),
+                                   key_of(before[layer], src_block, h, src % 32))  # fmt: skip
+    with pytest.raises(ValueError, match="fewer than"):
+        compact_in_place([k for k, _ in views], table, 120, torch.randn(2, 8, 4, 64), 60, cfg,
+                         length=100)  # fmt: skip
+
+
+def test_shared_blocks_are_gathered_in_order_and_left_alone() -> None:
+    """compact_into: the same selection as in place, copied in order into fresh blocks (the
+    decoded tail after it); the old blocks, shared with another reader, are not written."""
+    torch.manual_seed(2)
+    layers = [cpu_layout_cache(10, 2, 32, 64) for _ in range(2)]
+    before = [c.clone() for c in layers]
+    views = [cpu_cache_views(c) for c in layers]
+    table, fresh = torch.tensor([3, 7, 1, 4], dtype=torch.int32), torch.tensor([9, 0, 5])
+    cfg = CompactionConfig(enabled=True, trigger_tokens=50, budget=60, window=8, sinks=4)
+    queries = torch.randn(2, 8, 4, 64)
+    args = ([k for k, _ in views], table, 100, queries, 60, cfg)
+    result = compact_into(*args, fresh, value_caches=[v for _, v in views], length=110)
+    assert result.new_length == 70 and result.freed_blocks == [3, 7, 1, 4]
+    for layer in range(2):
+        order = result.kept[layer, 0].tolist() + list(range(100, 110))
+        assert result.positions[layer, 0].tolist() == order
+        for slot, src in enumerate(order):
+            dst_block, src_block = int(fresh[slot // 32]), int(table[src // 32])
+            for h in range(2):
+                assert torch.equal(key_of(layers[layer], dst_block, h, slot % 32),
+                                   key_of(before[layer], src_block, h, src % 32))  # fmt: skip
+                assert torch.equal(value_of(layers[layer], dst_block, h, slot % 32),
+                                   value_of(before[layer], src_block, h, src % 32))  # fmt: skip
+        for block in table.tolist():
+            assert torch.equal(layers[layer][block], before[layer][block])
+    # the same tokens as in place
+    in_place = compact_in_place(*args, value_caches=[v for _, v in views], length=110)
+    assert torch.equal(in_place.kept, result.kept)

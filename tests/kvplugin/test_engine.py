@@ -40,6 +40,24 @@ SHARED = {"name": "shared", "batches": [[240, [232, 0, 64]]], "max_tokens": 4}
 # Two 224-token prompts compacted to 160 tokens outgrow the pool at their 65th token
 # (8 blocks each): one is preempted and recomputed with a full cache.
 PREEMPT = {"name": "preempt", "batches": [[224, 224]], "max_tokens": 72}
+# The watermark trigger: 220 + 180 tokens hold 13 of the 14 blocks, under the 95% mark;
+# the longer one's 5th token takes the 14th (100%): it is compacted mid-decode (the longest
+# first) to 64 + 5 tokens in 3 blocks (9 of 14 left in use, under 75%), the other is not.
+# A long prompt and one that shares its first 3 blocks, in one batch (8 + 4 of 14 blocks),
+# kept to 32 tokens: the first's blocks are shared, so its kept tokens are gathered into a
+# fresh block (1 of the 2 free) and its old ones released; the second's are then its own
+# alone and it is compacted in place, after the gather has read them.
+GATHER = {
+    "name": "gather",
+    "batches": [[230, [216, 0, 96]]],
+    "max_tokens": 6,
+    "compaction": {"budget": 32},
+}
+WATERMARK = {
+    "name": "watermark", "batches": [[220, 180]], "max_tokens": 16,
+    "compaction": {"trigger": "watermark", "trigger_tokens": 150, "budget": 64,
+                   "high_watermark": 0.95, "low_watermark": 0.75},
+}  # fmt: skip
 SESSION = {
     "compaction": COMPACTION,
     "engine": {
@@ -48,8 +66,8 @@ SESSION = {
         "kv_cache_memory_bytes": KV_BYTES,
     },
     "engines": [
-        {"scheduler_cls": ASYNC, "scenarios": [MAIN, SHARED, PREEMPT]},
-        {"scheduler_cls": SYNC, "scenarios": [MAIN]},
+        {"scheduler_cls": ASYNC, "scenarios": [MAIN, SHARED, PREEMPT, WATERMARK, GATHER]},
+        {"scheduler_cls": SYNC, "scenarios": [MAIN, WATERMARK]},
     ],
 }
 
@@ -76,7 +94,9 @@ def max_diff(step: dict[str, list[float]], ref: str) -> float:
     return max(abs(a - b) for a, b in zip(step["vllm"], step[ref], strict=True))
 
 
-def check_exact(data: dict[str, Any], compacted: set[str]) -> None:
+def check_exact(
+    data: dict[str, Any], compacted: set[str], budget: int = COMPACTION["budget"]
+) -> None:
     """Compacted requests keep the reference's tokens and match the compacted reference at
     every decode step (and not the full cache's); the others match the full reference."""
     assert {r["request"] for r in data["results"] if r["compacted"]} == compacted
@@ -91,11 +111,22 @@ def check_exact(data: dict[str, Any], compacted: set[str]) -> None:
             continue
         worker, scheduler = workers[r["request"]], schedulers[r["request"]]
         assert worker["kept_positions"] == r["ref_kept"]
-        assert worker["kept_tokens"] == scheduler["kept_tokens"] == COMPACTION["budget"]
-        # the scheduler kept the blocks the worker compacted into and freed the rest
-        kept_blocks = -(-COMPACTION["budget"] // BLOCK)
+        assert worker["kept_tokens"] == scheduler["kept_tokens"] == budget
+        assert worker["cached_tokens"] == scheduler["cached_tokens"]
+        # the scheduler kept the blocks the worker compacted into and released the rest (all
+        # of them when it gathered into fresh ones); the tokens decoded before the compaction
+        # (watermark trigger) are kept too
+        decoded = scheduler["cached_tokens"] - r["prompt_tokens"]
+        kept_blocks = -(-(budget + decoded) // BLOCK)
+        assert scheduler["held_blocks"] == -(-scheduler["cached_tokens"] // BLOCK)
+        assert len(scheduler["kept_blocks"]) == kept_blocks
         assert scheduler["kept_blocks"] == worker["kept_blocks"][:kept_blocks]
-        assert len(scheduler["freed_blocks"]) == -(-r["prompt_tokens"] // BLOCK) - kept_blocks
+        released = len(scheduler["released_blocks"])
+        if scheduler["gathered"]:
+            assert released == scheduler["held_blocks"]
+            assert not set(scheduler["kept_blocks"]) & set(scheduler["released_blocks"])
+        else:
+            assert released == scheduler["held_blocks"] - kept_blocks
         # the compaction changed the answer's distribution: the reference is not vacuous
         assert max(max_diff(s, "ref_full") for s in steps[1:]) > 100 * TOLERANCE
     check_records(data)
@@ -112,8 +143,9 @@ def check_records(data: dict[str, Any]) -> None:
             trace, record = schedulers[r["request"]], r["record"]
             assert record["prompt_tokens"] == r["prompt_tokens"] == trace["prompt_tokens"]
             assert record["kept_tokens"] == trace["kept_tokens"]
+            assert record["cached_tokens"] == trace["cached_tokens"]
             assert record["evicted_tokens"] == r["prompt_tokens"] - trace["kept_tokens"]
-            assert record["freed_blocks"] == len(trace["freed_blocks"])
+            assert record["freed_blocks"] == trace["held_blocks"] - len(trace["kept_blocks"])
             assert 0 < record["seconds"] < 60  # the worker's time reached the scheduler
     counters = data["counters"]
     assert counters["gearshift_kv_compactions"] == len(records)
@@ -137,7 +169,7 @@ def test_every_compaction_is_logged(session: dict[str, Any]) -> None:
         for scenarios in session.values() if isinstance(scenarios, dict)
         for s in scenarios.values() for t in s["traces"]
     )  # fmt: skip
-    assert workers == 2 + 2 + 2  # main on both engines, preempt
+    assert workers == 2 + 2 + 2 + 2 + 2  # main and watermark on both engines, preempt, gather
     assert session["log"].count("KV compaction: request") == 2 * workers  # scheduler + worker
 
 
@@ -169,3 +201,43 @@ def test_preempted_compacted_request_recovers(session: dict[str, Any]) -> None:
     assert "full" in matched and matched.count("compacted") > PREEMPT["max_tokens"]
     assert any(r["record"]["recomputed"] for r in data["results"])
     check_records(data)
+
+
+@pytest.mark.parametrize("scheduler", [ASYNC, SYNC])
+def test_watermark_compacts_the_longest_mid_decode(session: dict[str, Any], scheduler: str) -> None:
+    """Nothing is compacted after prefill (13 of 14 blocks: under the high watermark); when
+    the pool is full the longest request is compacted with its decoded tokens, which frees
+    enough (under the low watermark) that the other is not; both answers match their
+    reference at every step (the compacted one the full cache's until the compaction), and
+    every block comes back."""
+    data = session[scheduler]["watermark"]
+    settings = WATERMARK["compaction"]
+    check_exact(data, {data["results"][0]["request"]}, budget=settings["budget"])
+    (trace,) = [t for t in data["traces"] if t["side"] == "scheduler"]
+    first = data["results"][0]
+    assert trace["cached_tokens"] == first["prompt_tokens"] + 5  # its 5th token filled the pool
+    assert trace["held_blocks"] == 8 and len(trace["kept_blocks"]) == 3
+    assert trace["usage_after"] == pytest.approx(9 / 14)
+    assert trace["usage_after"] < settings["low_watermark"]
+    # the tokens decoded before the compaction saw the full cache, those after the compacted one
+    steps = first["steps"]
+    assert all(max_diff(s, "ref_full") < TOLERANCE for s in steps[:6])  # prefill + 5 tokens
+    assert max(max_diff(s, "ref_full") for s in steps[6:]) > 100 * TOLERANCE
+    assert first["record"]["cached_tokens"] == trace["cached_tokens"]
+    assert "high watermark 95%" in session["log"]
+
+
+def test_shared_blocks_are_gathered_into_fresh_ones(session: dict[str, Any]) -> None:
+    """The first request gathers its kept tokens out of the blocks it shares into a fresh
+    one; the second, then sole owner of those blocks, is compacted in place into them
+    after the gather read them. Both answers match the compacted reference, every block
+    comes back."""
+    data = session[ASYNC]["gather"]
+    check_exact(
+        data, {r["request"] for r in data["results"]}, budget=GATHER["compaction"]["budget"]
+    )
+    first, second = [t for t in data["traces"] if t["side"] == "scheduler"]
+    assert first["gathered"] and not second["gathered"]
+    assert first["held_blocks"] == 8 and len(first["kept_blocks"]) == 1
+    assert second["kept_blocks"][0] == first["released_blocks"][0]  # the formerly shared one
+    assert "tokens gathered into fresh blocks" in session["log"]

@@ -52,11 +52,26 @@ def test_settings_per_tier() -> None:
     assert not fast.enabled and not EmbeddedSettings().kv_compaction.full.enabled
     # the gateway's settings and the plugin's carry the same keys and defaults
     assert CompactionConfig(**KVCompactionTier().model_dump()) == CompactionConfig()
+    watermark = {
+        "enabled": True,
+        "trigger": "watermark",
+        "high_watermark": 0.8,
+        "low_watermark": 0.6,
+    }
+    tier = EmbeddedSettings.model_validate(
+        {"kv_compaction": {"fast": watermark}}
+    ).kv_compaction.fast
+    assert CompactionConfig(**tier.model_dump()) == CompactionConfig(**watermark)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
-    "bad", [{"budget": 0}, {"budget": 10}, {"budget": 100.5}, {"window": 0}, {"nope": 1}]
-)
+    "bad",
+    [
+        {"budget": 0}, {"budget": 10}, {"budget": 100.5}, {"window": 0}, {"nope": 1},
+        {"trigger": "usage"}, {"high_watermark": 1.5}, {"low_watermark": 0.9},
+        {"high_watermark": 0.5, "low_watermark": 0.6},
+    ],
+)  # fmt: skip
 def test_invalid_settings_are_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         EmbeddedSettings.model_validate({"kv_compaction": {"fast": bad}})

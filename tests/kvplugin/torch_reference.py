@@ -94,24 +94,36 @@ class Reference:
         return sorted(chosen | set(forced.nonzero()[:, 0].tolist()))
 
     @torch.no_grad()
-    def follow(self, prompt: list[int], tokens: list[int], compacted: bool) -> dict[str, Any]:
+    def follow(
+        self, prompt: list[int], tokens: list[int], compaction: tuple[int, int] | None
+    ) -> dict[str, Any]:
         """The full-cache and the compacted reference's logits along vLLM's tokens, and the
-        positions the compacted one keeps in each layer."""
+        prompt positions the compacted one keeps in each layer. ``compaction``: (prompt
+        tokens kept, tokens in the cache when it is compacted), None for a full cache."""
         T = len(prompt)
         full = self.empty()
         logits, queries = self.step(torch.tensor(prompt), torch.arange(T), full)
+        windows = [q[-self.cfg["window"] :] for q in queries]
         comp = [tuple(t.clone() for t in layer) for layer in full]
-        keep = min(self.cfg["budget"], T) if compacted else T
-        kept = []
-        for i in range(len(comp)):
-            window = queries[i][-self.cfg["window"] :]
-            sel = self.select(comp[i][0], window, keep) if keep < T else list(range(T))
-            kept.append(sel)
-            idx = torch.tensor(sel)
-            comp[i] = tuple(t[idx] for t in comp[i])
+        kept = [list(range(T))] * len(comp)
+
+        def compact_when(length: int) -> None:
+            """SnapKV over the prompt when the cache holds ``length`` tokens; the tokens
+            decoded since are kept."""
+            nonlocal kept
+            if compaction is None or compaction[1] != length:
+                return
+            keep = compaction[0]
+            kept = [self.select(c[0][:T], w, keep) for c, w in zip(comp, windows, strict=True)]
+            for i, sel in enumerate(kept):
+                idx = torch.tensor(sel + list(range(T, length)))
+                comp[i] = tuple(t[idx] for t in comp[i])
+
+        compact_when(T)
         ref_full, ref_comp = [logits[-1]], [logits[-1]]
         for j, tok in enumerate(tokens[:-1]):
             pos = torch.tensor([T + j])
             ref_full.append(self.step(torch.tensor([tok]), pos, full)[0][-1])
             ref_comp.append(self.step(torch.tensor([tok]), pos, comp)[0][-1])
+            compact_when(T + j + 1)
         return {"kept": kept, "full": ref_full, "compacted": ref_comp}

@@ -35,7 +35,8 @@ class Behaviour:
     events: int = 5  # streamed content events
     after: int = 2  # cut/stall after this many content events (-1: before any event)
     message: dict[str, Any] | None = None  # the assistant message to answer with (non-stream)
-    kv_record: dict[str, Any] | None = None  # a stream's kvplugin record chunk (compacted)
+    # kvplugin's record (compacted): a stream's record chunk, a whole answer's kv_transfer_params
+    kv_record: dict[str, Any] | None = None
 
 
 def ok() -> Behaviour:
@@ -141,6 +142,8 @@ class FakeUpstream:
             "usage": {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11},
         }
         data["prompt_token_ids"] = list(range(1, 8)) if body.get("return_token_ids") else None
+        if b.kv_record is not None:
+            data["kv_transfer_params"] = {"gearshift_kv_compaction": b.kv_record}
         return data
 
     def _chunk(

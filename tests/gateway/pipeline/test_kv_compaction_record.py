@@ -3,6 +3,8 @@ answer's ``kv_transfer_params``) is captured and lands in the step's features.""
 
 from __future__ import annotations
 
+import orjson
+
 from gateway.pipeline.answer import answer
 from gateway.pipeline.outcome import Outcome, Served
 from gateway.pipeline.record import plan_step, step_record
@@ -49,3 +51,17 @@ def test_other_answers_record_no_compaction() -> None:
                   {"kv_transfer_params": {"gearshift_kv_compaction": "junk"}},
                   {"kv_transfer_params": {"gearshift_kv_compaction": {"kept_tokens": "x"}}}):  # fmt: skip
         assert recorded(chat_answer(**extra)) == {"turns": 2.0}
+
+
+def test_the_client_never_gets_the_record() -> None:
+    """Recorded or not, the answer's body has vLLM's field as an uncompacted request has it
+    (null), and otherwise the bytes the client would have had."""
+    compacted = chat_answer(kv_transfer_params={"gearshift_kv_compaction": RECORD})
+    plain = chat_answer(kv_transfer_params=None)
+    for wants in (None, Wants(logprobs=True, token_ids=True), Wants(False, False)):
+        reply = answer(completed(compacted), "chat", wants, False, "r-1")
+        expected = answer(completed(plain), "chat", wants, False, "r-1")
+        assert orjson.loads(reply.body) == orjson.loads(expected.body)
+        assert b"gearshift_kv_compaction" not in reply.body
+        if wants is not None:
+            assert reply.captured is not None and reply.captured.kv_compaction == RECORD

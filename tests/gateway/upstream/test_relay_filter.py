@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from gateway.upstream.relay_filter import EventFilter, stamped
+from gateway.upstream.relay_filter import EventFilter, stamped, take_kv_record
 from gateway.upstream.sse import DONE
 
 FP = "fp_4c1e2d"
@@ -127,3 +127,18 @@ def test_a_chunk_with_keys_after_the_fingerprint_is_rebuilt_in_vllms_order():
 
 def test_an_event_that_is_not_a_json_object_is_not_stamped():
     assert stamped(b"data: [1]\n\n", FP) == b"data: [1]\n\n"
+
+
+def test_a_whole_answer_loses_the_record_and_keeps_the_rest() -> None:
+    """As vLLM writes it for an uncompacted request (null), other keys of the field kept."""
+    data: dict[str, Any] = {"id": "c", "kv_transfer_params": {"gearshift_kv_compaction": RECORD}}
+    assert take_kv_record(data) == RECORD
+    assert data == {"id": "c", "kv_transfer_params": None}
+    other = {"remote_block_ids": [1, 2], "gearshift_kv_compaction": RECORD}
+    data = {"kv_transfer_params": other}
+    assert take_kv_record(data) == RECORD
+    assert data == {"kv_transfer_params": {"remote_block_ids": [1, 2]}}
+    for untouched in ({}, {"kv_transfer_params": None}, {"kv_transfer_params": {"x": 1}},
+                      {"kv_transfer_params": {"gearshift_kv_compaction": "junk"}}):  # fmt: skip
+        before = orjson.dumps(untouched)
+        assert take_kv_record(untouched) is None and orjson.dumps(untouched) == before
