@@ -89,7 +89,7 @@ class Sandbox:
         self.workspaces = Workspaces(config.root, config.uid, config.gid, q.each(), q.tenant())
         self.pool: Pool | None = None  # spare warm sandboxes, for bwrap's warm sessions
         if isinstance(self.runtime, BwrapRuntime) and config.warm and config.pool > 0:
-            self.pool = Pool(self.workspaces, self.runtime, config.pool)
+            self.pool = Pool(self.workspaces, self.runtime, config.pool, config.kernel_usage)
         # One service per root, before anything under it is touched (``sandbox.rootlock``);
         # then the workspaces a previous one left (it crashed, or was killed) are swept.
         try:
@@ -257,7 +257,9 @@ class Sandbox:
             and session.warm is None
             and isinstance(self.runtime, BwrapRuntime)
         ):
-            session.warm = WarmPython(self.runtime, session.workspace.root, limits)
+            session.warm = WarmPython(
+                self.runtime, session.workspace.root, limits, self.config.kernel_usage
+            )
         return Context(
             session.workspace, self.runtime, limits, session.warm, egress, self.resolve,
             {n: (db.path, tuple(db.statements)) for n, db in self.config.databases.items()},

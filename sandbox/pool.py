@@ -43,8 +43,11 @@ class Spare:
 
 
 class Pool:
-    def __init__(self, workspaces: Workspaces, runtime: BwrapRuntime, size: int) -> None:
+    def __init__(
+        self, workspaces: Workspaces, runtime: BwrapRuntime, size: int, kernel_usage: bool = False
+    ) -> None:
         self.workspaces, self.runtime, self.size = workspaces, runtime, size
+        self.kernel_usage = kernel_usage  # sandbox.kernel_usage, for the spares' runners
         self.ready: dict[ResourceClass, list[Spare]] = {}
         self._filling: dict[ResourceClass, asyncio.Task[None]] = {}
         self.active = False  # started: until then take() hands out nothing, fills nothing
@@ -98,7 +101,7 @@ class Pool:
 
     async def _start(self, shape: ResourceClass) -> Spare | None:
         root = self.workspaces.create(secrets.token_hex(16))  # swept like any workspace
-        warm = WarmPython(self.runtime, root, shape)
+        warm = WarmPython(self.runtime, root, shape, self.kernel_usage)
         try:
             up = await warm.prestart()
         except BaseException:  # cancelled by close(): nothing may stay running or mounted

@@ -38,14 +38,28 @@ def remove_stale(root: Path = ROOT, older_than_s: float = STALE_AFTER_S) -> int:
                 if not d.is_dir() or d.stat().st_mtime > cutoff:
                     continue
                 if not (d / "cgroup.procs").read_text().strip():
+                    for child in [c for c in d.iterdir() if c.is_dir()]:
+                        child.rmdir()  # a warm session's call cgroup; EBUSY while in use
                     d.rmdir()
                     removed += 1
     return removed
 
 
+RUNNER_LEAF = "runner"  # v2, ``nested``: where the processes go, beside child cgroups
+
+
 class Cgroup:
-    def __init__(self, name: str, limits: ResourceClass, root: Path = ROOT) -> None:
+    """``nested``: child cgroups with controllers will be made in this one (a warm session's
+    call cgroup, ``call_usage``). v1 allows processes beside them; v2 does not (no internal
+    processes), so there the processes join a leaf, ``runner``, and the controllers are
+    enabled for the children. Limits stay on this cgroup, over the whole subtree."""
+
+    def __init__(
+        self, name: str, limits: ResourceClass, root: Path = ROOT, nested: bool = False
+    ) -> None:
         self.v2 = (root / "cgroup.controllers").exists()
+        self.nested = nested
+        self._oom_fd: int | None = None  # kept open: a warm session reads it every call
         if self.v2:
             self.dirs = {"all": root / "gearshift" / name}
         else:
@@ -56,6 +70,9 @@ class Cgroup:
             for d in self.dirs.values():
                 d.mkdir(parents=True, exist_ok=True)
             self._limit(limits)
+            if self.v2 and nested:
+                self._write("all", "cgroup.subtree_control", "+memory +pids +cpu")
+                (self.dirs["all"] / RUNNER_LEAF).mkdir(exist_ok=True)
         except OSError as exc:
             raise RuntimeUnavailable(f"cannot create a cgroup under {root}: {exc}") from exc
 
@@ -80,14 +97,28 @@ class Cgroup:
 
     def procs_files(self) -> list[str]:
         """The ``cgroup.procs`` files a process must write its pid into to join."""
+        if self.v2 and self.nested:
+            return [str(self.dirs["all"] / RUNNER_LEAF / "cgroup.procs")]
         return [str(d / "cgroup.procs") for d in self.dirs.values()]
 
+    def members_file(self) -> Path:
+        """The ``cgroup.procs`` listing the processes of the cgroup they joined
+        (``procs_files``), not those of its children."""
+        if self.v2:
+            d = self.dirs["all"] / RUNNER_LEAF if self.nested else self.dirs["all"]
+        else:
+            d = self.dirs.get("cpuacct", self.dirs["pids"])
+        return d / "cgroup.procs"
+
     def pids(self) -> list[int]:
+        """Every process in the cgroup, its children's included (v1's pids hierarchy has
+        no children: only memory and cpuacct get a call cgroup)."""
         d = self.dirs["all" if self.v2 else "pids"]
-        try:
-            return [int(p) for p in (d / "cgroup.procs").read_text().split()]
-        except OSError:
-            return []
+        out: list[int] = []
+        for procs in [d / "cgroup.procs", *d.glob("*/cgroup.procs")]:
+            with contextlib.suppress(OSError, ValueError):
+                out += [int(p) for p in procs.read_text().split()]
+        return out
 
     def kill(self, spare: int | None = None, timeout_s: float = 2.0) -> None:
         """SIGKILL every process in the cgroup (but ``spare``) until none is left.
@@ -123,14 +154,12 @@ class Cgroup:
 
     def oom_kills(self) -> int:
         with contextlib.suppress(OSError, ValueError):
-            name = "memory.events" if self.v2 else "memory.oom_control"
-            rows = dict(
-                line.split()
-                for line in (self.dirs["all" if self.v2 else "memory"] / name)
-                .read_text()
-                .splitlines()
-            )
-            return int(rows.get("oom_kill", 0))
+            if self._oom_fd is None:
+                name = "memory.events" if self.v2 else "memory.oom_control"
+                path = self.dirs["all" if self.v2 else "memory"] / name
+                self._oom_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            rows = dict(line.split() for line in os.pread(self._oom_fd, 4096, 0).splitlines())
+            return int(rows.get(b"oom_kill", 0))
         return 0
 
     def hit(self) -> str | None:
@@ -164,6 +193,11 @@ class Cgroup:
 
     def remove(self) -> None:
         self.kill()
+        if self._oom_fd is not None:
+            os.close(self._oom_fd)
+            self._oom_fd = None
         for d in self.dirs.values():
             with contextlib.suppress(OSError):
+                for child in [c for c in d.iterdir() if c.is_dir()]:
+                    child.rmdir()
                 d.rmdir()

@@ -5,7 +5,10 @@ started it before the session existed: ``sandbox.pool``) under
 bubblewrap + seccomp + rlimits in a cgroup of the session's own (memory, pids and CPU
 limits apply to the session); each call sends it code (or a command to exec) and it forks
 a fresh child per call (see ``warm_runner``), with the call's CPU limit, wall time and
-output cap; what a call leaves running is killed before the reply. A runner that dies or
+output cap; what a call leaves running is killed before the reply. A call's usage is the
+kernel's, from the session's call cgroup (``call_usage``), with the child's own report as
+``reported_cpu_s`` beside it, and in its place where the call cgroup could not be made or
+the child not moved into it. A runner that dies or
 stops answering is killed with its cgroup and started again on the next call. Calls within
 a session run one at a time.
 """
@@ -25,8 +28,9 @@ import orjson
 
 from sandbox.policy import ResourceClass
 from sandbox.runtime import seccomp
-from sandbox.runtime.base import TRUNCATED, ProcessResult, launch
+from sandbox.runtime.base import TRUNCATED, ProcessResult, RuntimeUnavailable, launch
 from sandbox.runtime.bwrap import BwrapRuntime
+from sandbox.runtime.call_usage import CallCgroup
 from sandbox.runtime.cgroups import Cgroup
 
 SOURCE = resources.files("sandbox.runtime").joinpath("warm_runner.py").read_text()
@@ -35,17 +39,29 @@ UNLIMITED_CPU = 10**9  # the runner's own rlimit; each call's child sets its own
 
 
 class WarmPython:
-    def __init__(self, runtime: BwrapRuntime, workspace: Path, limits: ResourceClass) -> None:
+    def __init__(
+        self,
+        runtime: BwrapRuntime,
+        workspace: Path,
+        limits: ResourceClass,
+        kernel_usage: bool = False,
+    ) -> None:
         self.runtime, self.workspace, self.limits = runtime, workspace, limits
         self.proc: asyncio.subprocess.Process | None = None
         self.cg: Cgroup | None = None
+        self.calls: CallCgroup | None = None  # None: usage is the child's own report
+        self.kernel_usage = kernel_usage  # sandbox.kernel_usage: make the call cgroup
         self.ooms = 0  # the cgroup's OOM kills as last read: one read per call, after it
         self.lock = asyncio.Lock()
 
     async def _start(self) -> None:
         session_limits = replace(self.limits, cpu_s=UNLIMITED_CPU)
-        self.cg = Cgroup("warm-" + uuid.uuid4().hex[:16], self.limits)
+        self.cg = Cgroup("warm-" + uuid.uuid4().hex[:16], self.limits, nested=self.kernel_usage)
         self.ooms = 0
+        self.calls = None
+        if self.kernel_usage:
+            with contextlib.suppress(RuntimeUnavailable):  # the child's report, then
+                self.calls = CallCgroup(self.cg)
         with seccomp.filter_file() as bpf:
             argv = ["/usr/bin/python3", "-I", "-c", SOURCE]
             cmd = self.runtime.command(argv, self.workspace, session_limits, self.cg, bpf.fileno())
@@ -54,6 +70,8 @@ class WarmPython:
             self.proc = await launch(
                 cmd, pass_fds=[bpf.fileno()], stderr=asyncio.subprocess.DEVNULL
             )
+        if self.calls is not None:
+            self.calls.prepare(self.proc.pid)  # its first child, once it is up
 
     async def prestart(self, timeout_s: float = 30.0) -> bool:
         """Start the runner and wait until it answers (a pool's spare, before any call).
@@ -96,21 +114,41 @@ class WarmPython:
             request = {"code": code, "argv": argv, "stdin": stdin.decode("latin-1"),
                        "cpu_s": limits.cpu_s, "wall_s": limits.wall_s,
                        "output_bytes": limits.output_bytes}  # fmt: skip
+            counted = self.calls is not None and await self.calls.admit()
             started = time.perf_counter()
             try:
                 async with asyncio.timeout(limits.wall_s + 5):
                     reply = await self._exchange(orjson.dumps(request))
             except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
                 # The runner itself died (OOM, a call killed it) or hung: start over next time.
-                oom = self.cg.oom_kills() > oom_before
+                oom = self._oom_kills() > oom_before
                 await self.stop()
                 return ProcessResult(
                     exit_status=137, stdout=b"", stderr=f"sandbox runner lost: {exc!r}".encode(),
                     duration_ms=(time.perf_counter() - started) * 1000,
                     limit="memory" if oom else "wall_time" if isinstance(exc, TimeoutError) else None,
                 )  # fmt: skip
-            self.ooms = self.cg.oom_kills()
-            return self._result(reply, limits, self.ooms > oom_before)
+            self.ooms = self._oom_kills()
+            result = self._result(reply, limits, self.ooms > oom_before)
+            if self.calls is not None:
+                if counted:
+                    result.usage = self._kernel_usage(result.usage, self.calls.usage())
+                self.calls.prepare(self.proc.pid)  # the runner forks the next child now
+            return result
+
+    def _oom_kills(self) -> int:
+        assert self.cg is not None
+        return self.cg.oom_kills() + (self.calls.oom_kills() if self.calls is not None else 0)
+
+    @staticmethod
+    def _kernel_usage(reported: dict[str, float], kernel: dict[str, float]) -> dict[str, float]:
+        """The kernel's figures over the child's report, which stays as ``reported_cpu_s``
+        (a cross-check: it includes the child's set-up before its call, and misses what the
+        call forked and did not wait for)."""
+        usage = {**reported, **kernel}
+        if "cpu_s" in reported:
+            usage["reported_cpu_s"] = reported["cpu_s"]
+        return usage
 
     @staticmethod
     def _result(reply: dict[str, object], limits: ResourceClass, oom: bool) -> ProcessResult:
@@ -136,6 +174,9 @@ class WarmPython:
     async def stop(self) -> None:
         proc, cg = self.proc, self.cg
         self.proc = self.cg = None
+        if self.calls is not None:
+            self.calls.close()
+            self.calls = None
         if proc is not None and proc.returncode is None:
             if proc.stdin is not None:
                 proc.stdin.close()

@@ -88,6 +88,12 @@ def test_sandbox_quick_run() -> None:
 
 
 @NEEDS_BWRAP
+def test_sandbox_usage_quick_run() -> None:
+    last = run_quick("sandbox_usage", timeout_s=300)
+    assert {"before", "kernel"} <= set(last["usage"]) and {"direct", "frames"} <= set(last["hop"])  # type: ignore[operator]
+
+
+@NEEDS_BWRAP
 def test_agent_loop_quick_run() -> None:
     last = run_quick("agent_loop", timeout_s=600)
     assert {"iteration_overhead_p50_ms", "iteration_overhead_p99_ms", "chain50_load_p50_ms"} <= set(

@@ -32,12 +32,13 @@ def test_only_old_empty_cgroups_are_removed(parent):
     old = parent / f"test-old-{uuid.uuid4().hex[:8]}"  # a crashed service's
     young.mkdir()
     old.mkdir()
+    (old / "call").mkdir()  # a warm session's call cgroup, empty too
     an_hour_ago = time.time() - 3600
     os.utime(old, (an_hour_ago, an_hour_ago))
     try:
         remove_stale()
         assert young.is_dir() and not old.exists()
     finally:
-        for d in (young, old):
+        for d in (young, old / "call", old):
             if d.exists():
                 d.rmdir()
