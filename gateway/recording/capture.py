@@ -125,28 +125,39 @@ def strip(data: dict[str, Any], wants: Wants) -> None:
 def _hide(data: dict[str, Any], wants: Wants, echo_chunks: tuple[int, ...]) -> None:
     """Set to null what the client did not ask for; ``echo_chunks``: the indexes of stream
     chunks that echo the prompt (vLLM sends its ids there whether asked or not)."""
-    if not wants.token_ids and data.get("prompt_token_ids") is not None:
-        data["prompt_token_ids"] = None
+    if not wants.token_ids:
+        _null(data, "prompt_token_ids")
     for c in _choices(data):
-        if not wants.token_ids:
-            _null(c, "token_ids")
-            if _index(c) not in echo_chunks:
-                _null(c, "prompt_token_ids")
-        if not wants.logprobs:
-            _null(c, "logprobs")
-        if not wants.prompt_logprobs:
-            _null(c, "prompt_logprobs")
+        _hide_choice(c, wants, echo=_index(c) in echo_chunks)
 
 
-def _null(obj: dict[str, Any], key: str) -> None:
-    if obj.get(key) is not None:
-        obj[key] = None
+def _hide_choice(c: dict[str, Any], wants: Wants, *, echo: bool) -> bool:
+    """``_hide`` for one choice; whether it changed anything."""
+    changed = False
+    if not wants.token_ids:
+        changed = _null(c, "token_ids")
+        if not echo:
+            changed = _null(c, "prompt_token_ids") or changed
+    if not wants.logprobs:
+        changed = _null(c, "logprobs") or changed
+    if not wants.prompt_logprobs:
+        changed = _null(c, "prompt_logprobs") or changed
+    return changed
 
 
-def _restore_echo(c: dict[str, Any], wants: Wants) -> None:
+def _null(obj: dict[str, Any], key: str) -> bool:
+    if obj.get(key) is None:
+        return False
+    obj[key] = None
+    return True
+
+
+def _restore_echo(c: dict[str, Any], wants: Wants) -> bool:
     i = _index(c) // wants.n
     if i < len(wants.echo_prompts) and isinstance(c.get("text"), str):
         c["text"] = wants.echo_prompts[i] + c["text"]
+        return True
+    return False
 
 
 def _choices(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -237,8 +248,9 @@ class _Assembly:
         self.finish: str | None = None
 
     def add_delta(self, delta: dict[str, Any]) -> None:
-        if isinstance(delta.get("content"), str):
-            self.content.append(delta["content"])
+        content = delta.get("content")
+        if isinstance(content, str):
+            self.content.append(content)
         for tc in delta.get("tool_calls") or ():
             slot = self.tools.setdefault(
                 int(tc.get("index") or 0),
@@ -275,7 +287,9 @@ class StreamCapture:
 
     def on_event(self, event: bytes) -> bytes:
         """Record one ``data: {...}`` event and return it as the client should see it
-        (``b""``: the client's own request would not have produced it)."""
+        (``b""``: the client's own request would not have produced it). Each event is
+        parsed once, its choices walked once, and it is written again only when
+        something in it changed."""
         cut = None
         raw = event[5:]
         if self.endpoint == "chat" and self.prompt_token_ids is None:  # the first chunk's
@@ -291,21 +305,33 @@ class StreamCapture:
         if self.model is None and isinstance(data.get("model"), str):
             self.model = data["model"]
         self._note_prompt(data)
+        wants = self.wants
         choices = _choices(data)
         # vLLM echoes the prompt in the first chunk of each completions choice.
-        echo_chunks = tuple(
-            _index(c) for c in choices if self.wants.echo and _index(c) not in self._choices
+        echo_chunks = (
+            {_index(c) for c in choices if _index(c) not in self._choices} if wants.echo else ()
         )
-        for c in choices:
-            self._add(c)
-        if self.wants.logprobs and self.wants.token_ids:
+        if wants.logprobs and wants.token_ids:
+            for c in choices:
+                self._add(c, _index(c))
             return event
-        _hide(data, self.wants, echo_chunks)
-        if self._only_capture(choices):
-            return b""
+        changed = not wants.token_ids and _null(data, "prompt_token_ids")
+        # a chat chunk vLLM sent only for the token ids or log-probabilities that capture
+        # asked for (a token that yields no delta, such as a tool-call tag): not the client's
+        only_capture = self.endpoint == "chat" and not wants.token_ids and bool(choices)
         for c in choices:
-            if _index(c) in echo_chunks:
-                _restore_echo(c, self.wants)
+            i = _index(c)
+            self._add(c, i)
+            echo = i in echo_chunks
+            changed = _hide_choice(c, wants, echo=echo) or changed
+            if only_capture and (c.get("delta") != {} or c.get("finish_reason") is not None):
+                only_capture = False
+            if echo:
+                changed = _restore_echo(c, wants) or changed
+        if only_capture and not wants.logprobs:
+            return b""
+        if not changed:
+            return event
         return b"data: " + orjson.dumps(data, default=as_written) + b"\n\n"
 
     def _note_prompt(self, data: dict[str, Any]) -> None:
@@ -320,21 +346,14 @@ class StreamCapture:
             )  # fmt: skip
         self.prompt_token_ids = found
 
-    def _only_capture(self, choices: list[dict[str, Any]]) -> bool:
-        """A chat chunk vLLM sent only for the token ids or log-probabilities that capture
-        asked for (a token that yields no delta, such as a tool-call tag)."""
-        return (
-            self.endpoint == "chat"
-            and not self.wants.logprobs
-            and not self.wants.token_ids
-            and bool(choices)
-            and all(c.get("delta") == {} and c.get("finish_reason") is None for c in choices)
-        )
-
-    def _add(self, c: dict[str, Any]) -> None:
-        a = self._choices.setdefault(_index(c), _Assembly())
+    def _add(self, c: dict[str, Any], index: int) -> None:
+        a = self._choices.get(index)
+        if a is None:
+            a = self._choices[index] = _Assembly()
         if self.endpoint == "chat":
-            a.add_delta(c.get("delta") or {})
+            delta = c.get("delta")
+            if delta:
+                a.add_delta(delta)
             ids = c.get("token_ids")
             lps = sampled_logprobs(c.get("logprobs"))
         else:
@@ -343,9 +362,11 @@ class StreamCapture:
             ids, lps = _own_tokens(c)
         if isinstance(ids, list):
             a.token_ids.extend(ids)
-        a.logprobs.extend(lps)
-        if c.get("finish_reason"):
-            a.finish = c["finish_reason"]
+        if lps:
+            a.logprobs.extend(lps)
+        finish = c.get("finish_reason")
+        if finish:
+            a.finish = finish
 
     def choices(self) -> list[ChoiceCapture]:
         return [self._choices[i].capture(i, self.endpoint) for i in sorted(self._choices)]
