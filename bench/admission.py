@@ -3,15 +3,25 @@ request, against the same gateway with them off, in one run; then a burst agains
 budget shared by two gateway processes.
 
 One ``gearshift serve`` (pinned to core 0, recording to the store, sandbox off) in front of
-bench.mock_upstream serves two tenants at once: ``plain``, whose key is in the config file
-and which has no limits (admission is one dict lookup), and ``limited``, whose key is in
-the store (``gearshift keys create``) and whose key and tenant each have requests and
-tokens per minute and token budgets per day and month (eight counters reserved in the
-ledger and settled per request; none ever refused). Twelve short rounds each run the two
-back to back, in alternating order, so drift in the machine's load hits both alike. For each store (SQLite, then PostgreSQL) it reports,
-at concurrency 1 and 16: CPU-ms per request of the gateway's process tree (its recorder
-included), and p50 latency; added = limited minus plain, as the median of the rounds'
-paired differences with the middle half of them (``_q1``, ``_q3``).
+bench.mock_upstream (core 1, with this client) serves two tenants at once: ``plain``, whose
+key is in the config file and which has no limits (admission is one dict lookup), and
+``limited``, whose key is in the store (``gearshift keys create``) and whose key and tenant
+each have requests and tokens per minute and token budgets per day and month (eight
+counters reserved in the ledger and settled per request; none ever refused). Twelve short rounds each run the two
+back to back, in alternating order, so drift in the machine's load hits both alike. For each
+store (SQLite, then PostgreSQL) it reports, at concurrency 1 and 16: CPU-ms per request of
+the gateway and its store, and p50 latency; added = limited minus plain, as the median of the
+rounds' paired differences with the middle half of them (``_q1``, ``_q3``).
+
+The store's work is counted alike on both stores: SQLite runs in the gateway's process,
+so the gateway's process tree (its recorder and ledger threads) holds it all; the throwaway
+PostgreSQL server is pinned to the gateway's core and its processes' CPU (the postmaster's
+tree, backends and background writers) is added to the gateway's (``store_cpu_ms`` alone).
+A ``--postgres`` server of your own is neither pinned nor counted. CPU is read at the
+scheduler's resolution (``bench.procs.tree_run_seconds``: a 300-request cell in clock ticks
+moves in steps of 0.03 ms), and each cell's reading ends ``TAIL_S`` after its last answer,
+so the work a cell leaves behind (the ledger's flush and the return of its idle shares, the
+recorder's writes) is counted in that cell and not in the next one, of the other tenant.
 
 Then the budget burst: a second gateway on the same store, a tenant whose daily budget
 admits ten requests' reservations, 50 concurrent requests split across the two processes.
@@ -48,10 +58,12 @@ import orjson
 
 from bench.loadgen import body as request_body
 from bench.loadgen import run as loadgen
-from bench.pgserver import throwaway_postgres
-from bench.procs import pinned, start, stop, tree_cpu_seconds, wait_http
+from bench.pgserver import postgres_cluster
+from bench.procs import pinned, start, stop, tree_run_seconds, wait_http
 from bench.proxies import CLIENT_CORE, GEARSHIFT_CORE, free_port
 from gateway.access import windows
+from gateway.access.ledger import FLUSH_S
+from gateway.access.shares import IDLE_S
 from gateway.auth import new_key
 from gateway.store import keys as store_keys
 from gateway.store.database import make_engine, prepare_schema
@@ -62,6 +74,7 @@ BIG = 10**12  # limits that admit everything: the cost of checking them, not of 
 LIMITS = {"requests_per_minute": 10**9, "tokens_per_minute": 10**9,
           "tokens_per_day": BIG, "tokens_per_month": BIG}  # fmt: skip
 MAX_TOKENS = 32  # bench.loadgen's request
+TAIL_S = IDLE_S + FLUSH_S  # the ledger has flushed and returned the idle shares by then
 
 
 def setup_store(url: str) -> tuple[str, str]:
@@ -115,26 +128,31 @@ def gateway(tmp: Path, name: str, store: str, mock: str, digest: str) -> Iterato
         stop(proc)
 
 
-def cell(proc: Any, url: str, key: str, concurrency: int, requests: int) -> dict[str, float]:
-    before = tree_cpu_seconds(proc.pid)
+def cell(
+    proc: Any, url: str, key: str, concurrency: int, requests: int, store_pid: int | None
+) -> dict[str, float]:
+    """One tenant's requests: the CPU of the gateway's tree and of the store's server (if
+    counted) from the first request until ``TAIL_S`` after the last answer, and p50."""
+    gateway0 = tree_run_seconds(proc.pid)
+    store0 = tree_run_seconds(store_pid) if store_pid else 0.0
     result = asyncio.run(loadgen(url, "auto", False, concurrency, requests, 600, key))
-    cpu = tree_cpu_seconds(proc.pid) - before
+    time.sleep(TAIL_S)
+    gateway_cpu = tree_run_seconds(proc.pid) - gateway0
+    store_cpu = tree_run_seconds(store_pid) - store0 if store_pid else 0.0
     if result["errors"]:
         raise RuntimeError(f"{result['errors']} failed requests at {url}")
-    return {"cpu_s": cpu, "n": result["completed"], "p50_ms": result["p50_ms"]}
+    n = result["completed"]
+    return {"n": n, "cpu_ms": 1000 * (gateway_cpu + store_cpu) / n,
+            "store_cpu_ms": 1000 * store_cpu / n, "p50_ms": result["p50_ms"]}  # fmt: skip
 
 
 def paired(
     plain: list[dict[str, float]], limited: list[dict[str, float]], key: str
 ) -> dict[str, float]:
-    """Added cost from rounds run back to back: the median of the per-round differences
+    """Added ``key`` from rounds run back to back: the median of the per-round differences
     (a spike in one round moves one difference, not the figure) and the range of the middle
     half of them, beside the pooled means."""
-
-    def per(r: dict[str, float]) -> float:
-        return 1000 * r["cpu_s"] / r["n"] if key == "cpu" else r["p50_ms"]
-
-    diffs = sorted(per(b) - per(a) for a, b in zip(plain, limited, strict=True))
+    diffs = sorted(b[key] - a[key] for a, b in zip(plain, limited, strict=True))
     n = len(diffs)
     return {
         "added": statistics.median(diffs),
@@ -143,21 +161,24 @@ def paired(
     }
 
 
-def measure(tmp: Path, store: str, mock: str, quick: bool) -> tuple[dict[str, Any], dict[str, int]]:
+def measure(
+    tmp: Path, store: str, mock: str, quick: bool, store_pid: int | None
+) -> tuple[dict[str, Any], dict[str, int]]:
     plain_key, plain_digest = new_key()
     limited_key, burst_key = setup_store(store)
     # many short rounds rather than a few long ones: each round pairs the two tenants back to
     # back, in alternating order, so a loaded machine's drift cancels in the differences
-    rounds, requests = (2, 150) if quick else (12, 200)
+    rounds, requests = (2, 150) if quick else (12, 300)
     cells: dict[str, dict[int, list[dict[str, float]]]] = {"plain": {}, "limited": {}}
     with gateway(tmp, "a", store, mock, plain_digest) as (proc, url):
         for key in (plain_key, limited_key):  # warm both paths
-            cell(proc, url, key, 4, 100)
+            cell(proc, url, key, 4, 100, store_pid)
         for i in range(rounds):
             for c in CONCURRENCY:
                 order = [("plain", plain_key), ("limited", limited_key)]
                 for who, key in order if i % 2 == 0 else order[::-1]:
-                    cells[who].setdefault(c, []).append(cell(proc, url, key, c, requests))
+                    taken = cell(proc, url, key, c, requests, store_pid)
+                    cells[who].setdefault(c, []).append(taken)
         with gateway(tmp, "b", store, mock, plain_digest) as (_, other):
             burst = asyncio.run(_burst([url, other], burst_key))
     used, reserved, cap = burst_usage(store)
@@ -166,12 +187,13 @@ def measure(tmp: Path, store: str, mock: str, quick: bool) -> tuple[dict[str, An
         row = {}
         for who in cells:
             runs = cells[who][c]
-            row[f"{who}_cpu_ms"] = 1000 * sum(r["cpu_s"] for r in runs) / sum(r["n"] for r in runs)
+            n = sum(r["n"] for r in runs)
+            for cpu in ("cpu_ms", "store_cpu_ms"):  # pooled
+                row[f"{who}_{cpu}"] = sum(r[cpu] * r["n"] for r in runs) / n
             row[f"{who}_p50_ms"] = statistics.median(r["p50_ms"] for r in runs)
-        cpu = paired(cells["plain"][c], cells["limited"][c], "cpu")
-        p50 = paired(cells["plain"][c], cells["limited"][c], "p50")
-        row["added_cpu_ms"], row["added_cpu_ms_q1"], row["added_cpu_ms_q3"] = cpu.values()
-        row["added_p50_ms"], row["added_p50_ms_q1"], row["added_p50_ms_q3"] = p50.values()
+        for key in ("cpu_ms", "store_cpu_ms", "p50_ms"):
+            added = paired(cells["plain"][c], cells["limited"][c], key).values()
+            row[f"added_{key}"], row[f"added_{key}_q1"], row[f"added_{key}_q3"] = added
         figures[f"c{c}"] = {k: round(v, 4) for k, v in row.items()}
     return figures, burst | {"used": used, "reserved": reserved, "cap": cap}
 
@@ -193,17 +215,20 @@ async def _burst(urls: list[str], key: str) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def postgres(url: str | None) -> Iterator[str | None]:
+def postgres(url: str | None) -> Iterator[tuple[str, int | None] | None]:
+    """The server's URL and postmaster pid (None for ``--postgres``'s: not counted), or
+    None without server binaries. A throwaway server runs on the gateway's core."""
     if url:
-        yield url
+        yield url, None
         return
     with contextlib.ExitStack() as stack:
         try:
-            started: str | None = stack.enter_context(throwaway_postgres())
+            cluster = stack.enter_context(postgres_cluster(GEARSHIFT_CORE))
         except RuntimeError as exc:  # no server binaries here
             print(f"PostgreSQL skipped: {exc}", flush=True)
-            started = None
-        yield started
+            yield None
+            return
+        yield cluster.url, cluster.pid
 
 
 def admission_alone(url: str, requests: int) -> dict[str, float]:
@@ -262,7 +287,7 @@ def main() -> None:
             urls = {"sqlite": f"sqlite:///{name}/store.db"}
             with postgres(args.postgres) as pg:
                 if pg is not None:
-                    urls["postgresql"] = pg
+                    urls["postgresql"] = pg[0]
                 out = {
                     kind: admission_alone(url, 500 if args.quick else 5000)
                     for kind, url in urls.items()
@@ -280,13 +305,13 @@ def main() -> None:
         try:
             wait_http(f"http://127.0.0.1:{port}/health", mock, mock_log)
             mock_url = f"http://127.0.0.1:{port}"
-            stores = {"sqlite": f"sqlite:///{tmp}/store.db"}
+            stores: dict[str, tuple[str, int | None]] = {"sqlite": (f"sqlite:///{tmp}/store.db", None)}  # fmt: skip
             with postgres(args.postgres) as pg:
                 if pg is not None:
                     stores["postgresql"] = pg
-                for kind, url in stores.items():
+                for kind, (url, pid) in stores.items():
                     (tmp / kind).mkdir()
-                    figures, burst = measure(tmp / kind, url, mock_url, args.quick)
+                    figures, burst = measure(tmp / kind, url, mock_url, args.quick, pid)
                     results[kind] = figures | {"burst": burst}
                     print(kind, orjson.dumps(results[kind]).decode(), flush=True)
         finally:
@@ -298,6 +323,7 @@ def main() -> None:
         "added_cpu_ms_per_req_iqr": [worst["c1"]["added_cpu_ms_q1"], worst["c1"]["added_cpu_ms_q3"]],
         "added_cpu_ms_per_req_c16": max(r["c16"]["added_cpu_ms"] for r in results.values()),
         "load_average": [round(x, 2) for x in os.getloadavg()],
+        "postgres_server_cpu_counted": "postgresql" in results and args.postgres is None,
         "budget_overshoot": max(max(0, r["burst"]["used"] - r["burst"]["cap"]) for r in results.values()),
         "burst_admitted": {k: r["burst"]["admitted"] for k, r in results.items()},
         "stores": sorted(results),

@@ -4,7 +4,8 @@ tests.
 
 Uses the server binaries that ``scripts/install.sh`` installs (Debian's ``postgresql``
 package). PostgreSQL refuses to run as root, so as root the cluster is created and started
-as the ``postgres`` system user.
+as the ``postgres`` system user. With a ``core`` the server is started pinned to it (its
+backends inherit the postmaster's affinity), the way a benchmark pins the gateway.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from bench.procs import pinned
 from bench.proxies import free_port
 
 
@@ -38,19 +40,34 @@ def _as_user(cmd: list[str], user: str | None) -> list[str]:
 
 
 class Cluster:
-    """A running server: its URL, and ``stop()`` / ``start()`` for outage tests."""
+    """A running server: its URL, its postmaster's pid, and ``stop()`` / ``start()`` for
+    outage tests."""
 
-    def __init__(self, bindir: Path, data: Path, log: Path, opts: str, user: str | None, url: str):
-        self.bindir, self.data, self.log, self.opts, self.user, self.url = (
-            bindir, data, log, opts, user, url)  # fmt: skip
+    def __init__(
+        self,
+        bindir: Path,
+        data: Path,
+        log: Path,
+        opts: str,
+        user: str | None,
+        url: str,
+        core: int | None = None,
+    ):
+        self.bindir, self.data, self.log, self.opts, self.user, self.url, self.core = (
+            bindir, data, log, opts, user, url, core)  # fmt: skip
 
-    def _ctl(self, *args: str, check: bool = True) -> None:
+    def _ctl(self, *args: str, check: bool = True, core: int | None = None) -> None:
         cmd = [str(self.bindir / "pg_ctl"), "-D", str(self.data), *args]
-        subprocess.run(_as_user(cmd, self.user), check=check, capture_output=True)
+        subprocess.run(pinned(_as_user(cmd, self.user), core), check=check, capture_output=True)
 
     def start(self) -> None:
-        self._ctl("-o", self.opts, "-l", str(self.log), "-w", "start")
+        self._ctl("-o", self.opts, "-l", str(self.log), "-w", "start", core=self.core)
         _wait(self.url)
+
+    @property
+    def pid(self) -> int:
+        """The postmaster's: every backend is its child (``bench.procs.tree_cpu_seconds``)."""
+        return int((self.data / "postmaster.pid").read_text().split()[0])
 
     def stop(self, mode: str = "fast") -> None:
         """``fast`` ends every session (clients see 'terminating connection'); ``immediate``
@@ -59,8 +76,9 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def postgres_cluster() -> Iterator[Cluster]:
-    """A fresh server with an empty database; stopped and deleted after."""
+def postgres_cluster(core: int | None = None) -> Iterator[Cluster]:
+    """A fresh server with an empty database, pinned to ``core`` if given; stopped and
+    deleted after."""
     bindir = _bindir()
     if bindir is None:
         raise RuntimeError(
@@ -78,7 +96,7 @@ def postgres_cluster() -> Iterator[Cluster]:
     port = free_port()
     opts = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c max_connections=50"
     url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    cluster = Cluster(bindir, data, root / "log", opts, user, url)
+    cluster = Cluster(bindir, data, root / "log", opts, user, url, core)
     try:
         cmd = [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8"]  # fmt: skip
         subprocess.run(_as_user(cmd, user), check=True, capture_output=True)
@@ -108,6 +126,3 @@ def _wait(url: str, timeout: float = 30.0) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
-
-
-throwaway_postgres = postgres_server  # the name bench/admission.py knows it by

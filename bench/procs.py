@@ -105,3 +105,38 @@ def process_cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of ``pid`` alone (not its children)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def tree_run_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and its live descendants at the scheduler's resolution: each
+    live thread's run time in nanoseconds (``/proc/<pid>/task/<tid>/schedstat``), where
+    ``tree_cpu_seconds`` counts 10 ms clock ticks; plus, in ticks, what they reaped of their
+    ended children (``cutime``/``cstime``). A thread that ended is not counted. A process
+    whose threads show no schedstat (a kernel without it) counts its ticks instead."""
+    stats = _stats()
+    total = 0.0
+    for p in process_tree(pid, stats):
+        if p not in stats:
+            continue
+        fields = stats[p]
+        total += (int(fields[13]) + int(fields[14])) / CLK_TCK  # reaped children
+        run_ns = _threads_run_ns(p)
+        total += (
+            run_ns / 1e9 if run_ns is not None else (int(fields[11]) + int(fields[12])) / CLK_TCK
+        )
+    return total
+
+
+def _threads_run_ns(pid: int) -> int | None:
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # gone since the listing
+        return None
+    found, total = False, 0
+    for tid in tids:
+        try:
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+            found = True
+        except (OSError, ValueError, IndexError):  # ended, or no schedstat here
+            continue
+    return total if found else None

@@ -50,6 +50,12 @@ class Share:
         return self.seen - self.free
 
 
+def running_low(free: int, amount: int) -> bool:
+    """Whether ``free`` is under half a block of ``amount``-sized reservations: a share
+    that low is refilled before a request has to wait for it."""
+    return free < amount * BLOCK_REQUESTS // 2
+
+
 def grant(cap: int, remaining: int, amount: int) -> int:
     """What a reservation of ``amount`` takes from the store with ``remaining`` left under
     ``cap`` (``remaining >= amount``): a block more while the counter is far from its cap,

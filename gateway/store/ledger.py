@@ -7,7 +7,7 @@ a block to admit from locally, and the reservations of its requests in flight. A
 renews its leases while it holds them; one that dies stops renewing, and when a
 reservation would be refused, its expired leases are taken back first.
 
-A transaction of the ledger (``gateway.access.ledger``) first takes the write lock on
+A transaction of the ledger (``gateway.access.grants``) first takes the write lock on
 every row it touches, then reads them with this replica's lease on each, decides in
 memory, and writes them back:
 
