@@ -7,6 +7,7 @@ and always-fast, in tasks per CPU-second, time per task and quality.
         --outcomes-from bench/data/router_outcomes.jsonl                  # the sweep, no servers
     python -m bench.routed_mix --threshold 0.4                             # at an operating point
     python -m bench.routed_mix --url http://127.0.0.1:8000 --quick         # a running stack
+    python -m bench.routed_mix --agentic-sessions 12                       # the agent sessions
 
 The run starts the embedded stack the README starts (``gearshift serve``: gateway, the two
 tiers' vLLM servers, the store's writer on a temporary SQLite file; ``bench.stack``), or
@@ -41,6 +42,10 @@ The last line is one JSON object: ``tasks_per_cpu_s_ratio`` and ``time_per_task_
 under ``baseline_fast``, and every arm's figures under ``arms``. Progress goes to stderr.
 ``--quick``: three test tasks that need no sandbox, at most 24 tokens each, one chunk — a
 smoke run of seconds with no thresholds.
+
+``--agentic-sessions N``: instead of the split's tasks, the first N stored agent sessions
+(``bench.mix_agentic``: each session's steps in order under one session id per arm; quality
+is tool-call agreement with always-full).
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from bench import mix_agentic
 from bench.mix_arms import ARMS, Outcome, arm_figures, ask, scored, served_split
 from bench.mix_cpu import StackCpu
 from bench.mix_replay import agreement, decisions, operating_point, router_params, sweep
@@ -67,6 +73,7 @@ from bench.router_outcomes import load as load_outcomes
 from bench.router_split import load as load_split
 from bench.router_tasks import Task
 from bench.stack import serve
+from bench.tier_agentic import DATA as AGENTIC_DATA
 from bench.tier_prompts import NO_SANDBOX_SOURCES, per_family, split_tasks
 from bench.tier_quality import paired, report
 
@@ -202,7 +209,17 @@ def stored_sweep(args: argparse.Namespace, tasks: list[Task], bodies: dict[str, 
     }
 
 
+def run_agentic(args: argparse.Namespace) -> dict[str, Any]:
+    with stack_url(args) as url:
+        cpu = StackCpu(urlsplit(url).port or 80)
+        if not cpu.found:
+            log(f"no gearshift serve process listens on {url} here: no CPU figures")
+        return mix_agentic.run(args, url, cpu, log)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.agentic_sessions:
+        return run_agentic(args)
     tasks = [capped(t, 24 if args.quick else None) for t in pick_tasks(args)]
     if not tasks:
         raise SystemExit("no tasks: --per-family must be 0 or more and the split must hold tasks")
@@ -242,6 +259,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=float, default=0.95, help="quality vs always-full to keep")
     p.add_argument("--boot", type=int, default=2000, help="bootstrap resamples")
     p.add_argument("--startup-timeout", type=float, default=3600)
+    p.add_argument("--agentic-sessions", type=int, default=0,
+                   help="the first N stored agent sessions instead of the split's tasks")  # fmt: skip
+    p.add_argument("--agentic", type=Path, default=AGENTIC_DATA,
+                   help="stored tool-loop sessions (bench.agentic_sessions)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="3 short test tasks: a smoke run")
     return p
 
@@ -250,8 +271,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser().parse_args(argv)
     if args.quick:
         args.side, args.boot, args.thresholds = "test", min(args.boot, 200), None
-    if args.per_family < 0 or args.concurrency < 1 or args.chunk < 0:
-        raise SystemExit("--per-family >= 0, --concurrency >= 1, --chunk >= 0")
+    if args.per_family < 0 or args.concurrency < 1 or args.chunk < 0 or args.agentic_sessions < 0:
+        raise SystemExit("--per-family >= 0, --concurrency >= 1, --chunk >= 0, --agentic-sessions >= 0")  # fmt: skip
     if args.thresholds and args.side != "dev":
         raise SystemExit("--thresholds: only on --side dev (nothing is tuned on the test split)")
     if args.outcomes_from and not args.thresholds:

@@ -55,15 +55,17 @@ def forced_by_rules(examples: Sequence[Example], params: Mapping[str, Any]) -> l
     return [policy.decide(RouteRequest("chat", ex.body)).policy == "rules" for ex in examples]
 
 
-_OFF = {"risky_tools": False, "code": False, "math": False, "effort": False, "tool_error": False}
+_OFF = {"risky_tools": False, "tool_call": False, "code": False, "math": False, "effort": False,
+        "tool_error": False}  # fmt: skip
 # rules in front of the classifier, as a deployment may compose them (docs/router.md): the
-# default chain's rules (a forced risky call, high effort, a failed tool call), every rule
+# default chain's rules (a forced call, high effort, a failed tool call), every rule
 # (risky tools merely offered, code and math too), and each rule alone, to judge it
 CHAINS: dict[str, dict[str, Any]] = {
     "default_rules+classifier": {"code": False, "math": False},
     "rules_all+classifier": {"risky_offered": True},
     "rule_risky_forced+classifier": {**_OFF, "risky_tools": True},
     "rule_risky_offered+classifier": {**_OFF, "risky_tools": True, "risky_offered": True},
+    "rule_tool_call+classifier": {**_OFF, "tool_call": True},
     "rule_code+classifier": {**_OFF, "code": True},
     "rule_math+classifier": {**_OFF, "math": True},
     "rule_effort+classifier": {**_OFF, "effort": True},

@@ -3,15 +3,18 @@
 The full tier is forced for a step that must call a mutating or destructive tool (a named
 or ``"required"`` ``tool_choice``; ``router.risk``: a pruned model's wrong arguments to
 ``delete_branch`` cost data, not a retry) — or, with the opt-in ``risky_offered``, for any
-step that is merely offered such a tool —, that is about code or math (pruned models lose these first; REFERENCES.md), that
-asks for a high reasoning effort, or that follows a failed tool call in the same tool loop
-(a fast tier that just failed should not try again); every other step goes to the ``base``
-policy. Each rule can be turned off:
+step that is merely offered such a tool —, for a step that must call any tool (``tool_call``:
+the pruned fast tier made the full tier's call on 8 of 18 forced steps of stored agent
+sessions, docs/decisions/forced-tool-calls-go-full.md), that is about code or math (pruned
+models lose these first; REFERENCES.md), that asks for a high reasoning effort, or that
+follows a failed tool call in the same tool loop (a fast tier that just failed should not
+try again); every other step goes to the ``base`` policy. Each rule can be turned off:
 
     router: {policy: rules, params: {base: classifier, base_params: {},
                                      risky_tools: true, risky_offered: false,
                                      risk: {archive_ticket: mutating},
-                                     code: true, math: true, effort: true, tool_error: true}}
+                                     tool_call: true, code: true, math: true, effort: true,
+                                     tool_error: true}}
 """
 
 from __future__ import annotations
@@ -24,8 +27,14 @@ from router import risk as tool_risk
 from router.policy import Check, Params, Policy, PolicyError, build_policy, parse_params, register
 from router.types import Decision, RouteRequest, Tier
 
-Rule: TypeAlias = Literal["code", "math", "effort", "tool_error"]
+Rule: TypeAlias = Literal["tool_call", "code", "math", "effort", "tool_error"]
 RULES: dict[Rule, tuple[str, str]] = {  # the step feature each reads, and why it forces full
+    # measured on the stored agent sessions (docs/benchmarks.md, "Pruned fast tier on the
+    # agentic steps"): the same name is forced, the arguments differ
+    "tool_call": (
+        "forced_tool",
+        "a forced tool call (the fast tier's calls agree 0.44 of the time)",
+    ),
     "code": ("code", "code in the request"),
     "math": ("math", "math in the request"),
     "effort": ("reasoning_effort", "high reasoning effort asked"),
@@ -47,6 +56,7 @@ class RulesParams:
     # fired on every step of an agent whose tool list holds one (docs/decisions/)
     risky_offered: bool = False
     risk: RiskMap | None = None  # tool name -> risk class, over ``router.risk``'s own
+    tool_call: bool = True  # any forced tool call (named or "required"), whatever its risk
     code: bool = True
     math: bool = True
     effort: bool = True
@@ -58,8 +68,8 @@ class RulesParams:
 
     @property
     def enabled(self) -> tuple[Rule, ...]:
-        on = {"code": self.code, "math": self.math, "effort": self.effort,
-              "tool_error": self.tool_error}  # fmt: skip
+        on = {"tool_call": self.tool_call, "code": self.code, "math": self.math,
+              "effort": self.effort, "tool_error": self.tool_error}  # fmt: skip
         return tuple(rule for rule in RULES if on[rule])
 
 

@@ -198,6 +198,6 @@ def test_null_nested_parameters_mean_the_defaults():
 
 def test_rule_switches_keep_their_order():
     p = parse_params(RulesParams, {"math": False, "code": True}, "rules")
-    assert p.enabled == ("code", "effort", "tool_error")
-    off = parse_params(RulesParams, {"code": False, "math": False, "effort": False}, "rules")
+    assert p.enabled == ("tool_call", "code", "effort", "tool_error")
+    off = parse_params(RulesParams, {"code": False, "math": False, "effort": False, "tool_call": False}, "rules")  # fmt: skip
     assert off.enabled == ("tool_error",)

@@ -50,7 +50,8 @@ def test_without_offered_only_a_forced_call_counts():
 
 
 def test_rules_send_forced_risky_calls_to_full_and_say_which_tool():
-    policy = build_policy("rules", {"base": "always_fast"})
+    alone = {"base": "always_fast", "tool_call": False}  # the risk rule without the forced-call one
+    policy = build_policy("rules", alone)
     offered = {"messages": [{"role": "user", "content": "clean up"}], "tools": [tool("delete_branch")]}  # fmt: skip
     # an agent that is merely offered a destructive tool is not forced to full by default
     assert policy.decide(RouteRequest("chat", offered)).tier is Tier.FAST
@@ -62,9 +63,9 @@ def test_rules_send_forced_risky_calls_to_full_and_say_which_tool():
     assert policy.decide(RouteRequest("chat", required)).tier is Tier.FULL
     safe = {**required, "tools": [tool("get_weather")]}
     assert policy.decide(RouteRequest("chat", safe)).tier is Tier.FAST
-    off = build_policy("rules", {"base": "always_fast", "risky_tools": False})
+    off = build_policy("rules", {**alone, "risky_tools": False})
     assert off.decide(RouteRequest("chat", forced)).tier is Tier.FAST
-    annotated = build_policy("rules", {"base": "always_fast", "risk": {"get_weather": "mutating"}})
+    annotated = build_policy("rules", {**alone, "risk": {"get_weather": "mutating"}})
     assert annotated.decide(RouteRequest("chat", safe)).tier is Tier.FULL
 
 

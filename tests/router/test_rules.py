@@ -123,3 +123,49 @@ def test_rules_can_be_turned_off_and_wrap_any_base():
 def test_bad_parameters_fail_at_start_up(params, says):
     with pytest.raises(PolicyError, match=says):
         build_policy("rules", params)
+
+
+TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+NAMED = {"type": "function", "function": {"name": "read_file"}}
+TOOL_CALL_REASON = (
+    "rule tool_call: a forced tool call (the fast tier's calls agree 0.44 of the time)"
+)
+
+
+@pytest.mark.parametrize("choice", [NAMED, "required"])
+def test_a_forced_tool_call_goes_to_full_with_the_measured_reason(choice):
+    d = build_policy("rules", {"base": "always_fast"}).decide(
+        RouteRequest("chat", chat(USER, tools=TOOLS, tool_choice=choice))
+    )
+    assert (d.tier, d.reason, d.policy) == (Tier.FULL, TOOL_CALL_REASON, "rules")
+    assert d.features["forced_tool"] == 1
+
+
+@pytest.mark.parametrize("extra", [{"tool_choice": "auto"}, {"tool_choice": "none"}, {}])
+def test_a_step_that_may_answer_in_text_is_left_to_the_base(extra):
+    p = build_policy("rules", {"base": "always_fast"})
+    d = p.decide(RouteRequest("chat", chat(USER, tools=TOOLS, **extra)))
+    assert d.tier is Tier.FAST and d.reason.endswith("(no rule applied)")
+
+
+def test_the_forced_call_rule_has_an_off_switch_and_leaves_risky_tools_first():
+    off = build_policy("rules", {"base": "always_fast", "tool_call": False})
+    assert off.decide(RouteRequest("chat", chat(USER, tools=TOOLS, tool_choice=NAMED))).tier is Tier.FAST  # fmt: skip
+    drop = [{"type": "function", "function": {"name": "drop_table"}}]
+    risky = build_policy("rules", {"base": "always_fast"}).decide(
+        RouteRequest("chat", chat(USER, tools=drop, tool_choice="required"))
+    )
+    assert risky.reason == "rule risky_tools: a destructive tool call may follow (drop_table)"
+    with pytest.raises(PolicyError, match="rules: tool_call must be true or false"):
+        build_policy("rules", {"tool_call": "no"})
+
+
+def test_the_default_chain_sends_forced_calls_to_full():
+    from gateway.config import DEFAULT_ROUTER_PARAMS
+
+    chain = build_policy("session", DEFAULT_ROUTER_PARAMS)
+    d = chain.decide(RouteRequest("chat", chat(USER, tools=TOOLS, tool_choice=NAMED)))
+    assert d.tier is Tier.FULL and d.reason.startswith("rule tool_call")
+    off = {**DEFAULT_ROUTER_PARAMS, "base_params": {**DEFAULT_ROUTER_PARAMS["base_params"], "tool_call": False}}  # fmt: skip
+    d = build_policy("session", off).decide(RouteRequest("chat", chat(USER, tools=TOOLS, tool_choice=NAMED)))  # fmt: skip
+    assert not d.reason.startswith("rule tool_call")
