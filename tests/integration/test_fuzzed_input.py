@@ -73,6 +73,8 @@ REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
         },
     ),
     ("POST", "/v1/chat/completions", CHAT),
+    # not forced: a forced tool call goes to full by rule, this one reaches the classifier
+    ("POST", "/v1/chat/completions", {**CHAT, "tool_choice": "auto"}),
     ("POST", "/v1/completions", COMPLETION),
     ("POST", "/v1/feedback", {"session_id": "s1", "score": 1.0, "label": "good", "comment": "ok"}),
     ("POST", "/v1/tools/read_file", {"arguments": {"path": "a.txt"}, "tool_call_id": "c1"}),
