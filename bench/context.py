@@ -1,6 +1,7 @@
 """Context strategies on long agent sessions, measured in one run.
 
     python -m bench.context [--quick] [--upstream mock|real] [--sessions N] [--budget 0.5]
+                            [--strategies none,default] [--show-answers]
 
 Each session is a tool loop whose history outgrows the budget: a task, then ``--steps``
 tool calls whose outputs each hold one fact (``port_<i> = <value>``; with ``--facts mixed``,
@@ -23,12 +24,18 @@ Strategies (one API key each, ``context.keys`` in the gateway's config):
     default           the shipped ladder: mask (placeholders with a digest), summarize on
                       fast, drop; a clearing aims at half the budget
 
-Per strategy: time per step (ms, mean and p95, summaries included), prompt tokens sent
-(mean per step, and total), accuracy on the question, each with its ratio to ``none``;
-fresh summaries written and fast-tier fallbacks. ``--upstream mock`` (bench.context_upstream)
-answers the question by reading the prompt (its accuracy: the facts a strategy kept in
-what the model saw) and cannot write a summary; ``--upstream real`` starts the embedded
-stack (two vLLM servers) and the models answer. The last line is JSON.
+The strategies alternate: session ``i`` goes through every strategy, starting with the
+``i``-th, so all arms see the same sessions (greedy decoding) on the same machine state.
+Per strategy: time per step and per answer (ms, mean and p95, summaries included), prompt
+tokens sent (mean per step, and total), accuracy on the question (the first number of the
+answer is the value; ``exact``: the answer is the value alone; bench.context_measure) with
+a bootstrap 95% interval over sessions, each with its ratio to ``none``; fresh summaries
+written and fast-tier fallbacks; on the real stack, the full tier's prefix-cache hit rate
+(vLLM's counters, the cache emptied before each session's arm). ``--upstream mock``
+(bench.context_upstream) answers the question by reading the prompt (its accuracy: the
+facts a strategy kept in what the model saw) and cannot write a summary; ``--upstream
+real`` starts the embedded stack (two vLLM servers) and the models answer. The last line
+is JSON.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from typing import Any
 import httpx
 import orjson
 
+from bench.context_measure import PrefixCache, bootstrap_ci, score
 from bench.procs import start, stop, wait_http
 from bench.stack import free_port, serve
 
@@ -123,23 +131,30 @@ def build_session(
 @dataclass
 class Tally:
     ms: list[float] = field(default_factory=list)
+    answer_ms: list[float] = field(default_factory=list)  # the question's request only
     prompt_tokens: list[int] = field(default_factory=list)
-    correct: int = 0
-    asked: int = 0
+    outcomes: list[bool] = field(default_factory=list)  # normalised match, one per session
+    exact: int = 0
     errors: int = 0
     summaries: int = 0  # fresh summaries written
     fallbacks: int = 0  # a model summary asked, the extractive one given
+    cache_hits: float = 0.0  # prefix-cache tokens (vLLM's counters; the real stack only)
+    cache_queries: float = 0.0
 
     def row(self, base: Tally | None) -> dict[str, Any]:
         ms = statistics.fmean(self.ms) if self.ms else 0.0
         tokens = statistics.fmean(self.prompt_tokens) if self.prompt_tokens else 0.0
-        accuracy = self.correct / self.asked if self.asked else 0.0
-        out = {
+        asked = len(self.outcomes)
+        out: dict[str, Any] = {
             "ms_per_step": round(ms, 1),
             "p95_ms": round(_p95(self.ms), 1),
+            "ms_per_answer": round(statistics.fmean(self.answer_ms), 1) if self.answer_ms else 0,
             "prompt_tokens_per_step": round(tokens, 1),
             "prompt_tokens_total": sum(self.prompt_tokens),
-            "accuracy": round(accuracy, 3),
+            "accuracy": round(sum(self.outcomes) / asked, 3) if asked else 0.0,
+            "accuracy_ci95": bootstrap_ci(self.outcomes),
+            "exact": round(self.exact / asked, 3) if asked else 0.0,
+            "prefix_cache_hit_rate": _ratio(self.cache_hits, self.cache_queries),
             "errors": self.errors,
             "summaries": self.summaries,
             "fallbacks": self.fallbacks,
@@ -162,39 +177,78 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
 
-def run_strategy(
-    client: httpx.Client, name: str, sessions: list[Session], budget: int, model: str
-) -> Tally:
-    tally = Tally()
-    headers = {"authorization": f"Bearer sk-{name}", "x-gearshift-context-budget": str(budget)}
-    for n, s in enumerate(sessions):
-        named = {**headers, "x-session-id": f"{name}-{n}"}
-        asks = [(s.messages[:end], None) for end in s.starts]
-        asks.append(([*s.messages, {"role": "user", "content": s.question}], s.value))
-        for messages, value in asks:
-            body = {"model": model, "messages": messages, "max_tokens": 12, "temperature": 0}
-            t0 = time.perf_counter()
-            resp = client.post("/v1/chat/completions", json=body, headers=named)
-            took = (time.perf_counter() - t0) * 1000
-            if resp.status_code != 200:
-                tally.errors += 1
-                if value is not None:
-                    tally.asked += 1
-                continue
-            data = resp.json()
-            tally.ms.append(took)
-            tally.prompt_tokens.append(int(data["usage"]["prompt_tokens"]))
-            done = resp.headers.get("x-gearshift-context", "")
-            if any(f"summarizer={k}" in done for k in ("fast", "full", "extractive")):
-                tally.summaries += 1
-            wanted = (STRATEGIES[name] or {}).get("summarizer")
-            if wanted in ("fast", "full") and "summarizer=extractive" in done:
-                tally.fallbacks += 1
+def run_session(
+    client: httpx.Client, name: str, n: int, s: Session, arm: Arm, tally: Tally
+) -> None:
+    """One session's replayed steps and question through strategy ``name``'s key."""
+    headers = {"authorization": f"Bearer sk-{name}", "x-gearshift-context-budget": str(arm.budget),
+               "x-session-id": f"{name}-{n}"}  # fmt: skip
+    asks: list[tuple[list[dict[str, Any]], str | None]] = [
+        (s.messages[:end], None) for end in s.starts
+    ]
+    asks.append(([*s.messages, {"role": "user", "content": s.question}], s.value))
+    for messages, value in asks:
+        body = {"model": arm.model, "messages": messages, "max_tokens": 12, "temperature": 0}
+        t0 = time.perf_counter()
+        resp = client.post("/v1/chat/completions", json=body, headers=headers)
+        took = (time.perf_counter() - t0) * 1000
+        if resp.status_code != 200:
+            tally.errors += 1
             if value is not None:
-                tally.asked += 1
-                text = data["choices"][0]["message"].get("content") or ""
-                tally.correct += value in text
-    return tally
+                tally.outcomes.append(False)
+            continue
+        data = resp.json()
+        tally.ms.append(took)
+        tally.prompt_tokens.append(int(data["usage"]["prompt_tokens"]))
+        done = resp.headers.get("x-gearshift-context", "")
+        if any(f"summarizer={k}" in done for k in ("fast", "full", "extractive")):
+            tally.summaries += 1
+        wanted = (STRATEGIES[name] or {}).get("summarizer")
+        if wanted in ("fast", "full") and "summarizer=extractive" in done:
+            tally.fallbacks += 1
+        if value is not None:
+            text = data["choices"][0]["message"].get("content") or ""
+            result = score(text, value)
+            if arm.show_answers:
+                print(f"{name}\t{value}\t{text!r}", file=sys.stderr)
+            tally.answer_ms.append(took)
+            tally.outcomes.append(result.normalised)
+            tally.exact += result.exact
+
+
+@dataclass(frozen=True)
+class Arm:
+    budget: int
+    model: str
+    cache: PrefixCache | None  # the engines' prefix caches (the real stack only)
+    show_answers: bool = False  # each answer to stderr: strategy, value, the model's text
+    deadline: float = float("inf")  # time.monotonic(): no session starts after it
+
+
+def run_arms(
+    client: httpx.Client, names: list[str], sessions: list[Session], arm: Arm
+) -> dict[str, Tally]:
+    """Every session through every strategy, the strategies alternating: session ``i``
+    starts with the ``i``-th strategy, so no arm always runs first on a warm machine. On
+    the real stack the prefix cache is emptied before each (session, strategy) so that an
+    arm's hits are its own steps reusing their prefix, never another arm's prompt. No
+    session starts after ``arm.deadline``: every arm has run the same sessions."""
+    tallies = {n: Tally() for n in names}
+    for i, s in enumerate(sessions):
+        if time.monotonic() > arm.deadline:
+            break
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            tally = tallies[name]
+            if arm.cache is not None:
+                arm.cache.reset()
+                hits, queries = arm.cache.counters()
+            run_session(client, name, i, s, arm, tally)
+            if arm.cache is not None:
+                h, q = arm.cache.counters()
+                tally.cache_hits += h - hits
+                tally.cache_queries += q - queries
+    return tallies
 
 
 def gateway_config(tmp: Path, full: str, fast: str, models: tuple[str, str], window: int) -> Path:
@@ -254,10 +308,25 @@ def upstreams(kind: str, tmp: Path) -> Iterator[tuple[str, str, tuple[str, str],
         finally:
             stop(proc)
         return
-    off = {"GEARSHIFT_STORE__ENABLED": "false", "GEARSHIFT_SANDBOX__ENABLED": "false"}
+    off = {"GEARSHIFT_STORE__ENABLED": "false", "GEARSHIFT_SANDBOX__ENABLED": "false",
+           # vLLM's POST /reset_prefix_cache: each arm's prefix-cache hits are its own
+           "VLLM_SERVER_DEV_MODE": "1"}  # fmt: skip
     print("starting the embedded stack (two vLLM servers)", flush=True)
     with serve(tmp / "serve.log", off) as stack:
         yield stack.full_url, stack.fast_url, REAL_MODELS, 4096
+
+
+def print_table(rows: dict[str, dict[str, Any]]) -> None:
+    print(f"{'strategy':<16}{'ms/step':>9}{'p95':>9}{'ms/ans':>8}{'tokens/step':>13}{'acc':>7}"
+          f"{'ci95':>14}{'exact':>7}{'time_x':>8}{'tok_x':>9}{'acc_x':>7}{'cache':>7}"
+          f"{'summ':>6}{'fallb':>6}{'err':>5}")  # fmt: skip
+    for n, r in rows.items():
+        lo, hi = r["accuracy_ci95"]
+        print(f"{n:<16}{r['ms_per_step']:>9}{r['p95_ms']:>9}{r['ms_per_answer']:>8}"
+              f"{r['prompt_tokens_per_step']:>13}{r['accuracy']:>7}{f'{lo}-{hi}':>14}"
+              f"{r['exact']:>7}{r.get('time_vs_none') or 0:>8}{r.get('tokens_vs_none') or 0:>9}"
+              f"{r.get('accuracy_vs_none') or 0:>7}{r['prefix_cache_hit_rate'] or 0:>7}"
+              f"{r['summaries']:>6}{r['fallbacks']:>6}{r['errors']:>5}")  # fmt: skip
 
 
 def main() -> None:
@@ -283,6 +352,9 @@ def main() -> None:
     )
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--show-answers", action="store_true", help="each answer to stderr")
+    p.add_argument("--time-limit-s", type=float, default=float("inf"),
+                   help="start no session after this long (the stack's start not counted)")  # fmt: skip
     args = p.parse_args()
     if args.quick:
         args.sessions, args.upstream = 4, "mock"
@@ -301,23 +373,23 @@ def main() -> None:
             budget = int(window * args.budget)
             config = gateway_config(tmp, full, fast, models, window)
             with gateway(tmp, config) as url, httpx.Client(base_url=url, timeout=900) as client:
-                tallies = {n: run_strategy(client, n, sessions, budget, models[0]) for n in names}
+                # the full tier answers (the requests pin it); the fast one writes summaries
+                cache = PrefixCache(client, [full]) if args.upstream == "real" else None
+                resets = cache.reset() if cache is not None else False
+                deadline = time.monotonic() + args.time_limit_s
+                arm = Arm(budget, models[0], cache, args.show_answers, deadline)
+                tallies = run_arms(client, names, sessions, arm)
     base = tallies["none"]
     rows = {n: t.row(base) for n, t in tallies.items()}
-    print(f"{'strategy':<16}{'ms/step':>9}{'p95':>9}{'tokens/step':>13}{'acc':>7}"
-          f"{'time_x':>8}{'tok_x':>9}{'acc_x':>7}{'summ':>6}{'fallb':>6}{'err':>5}")  # fmt: skip
-    for n, r in rows.items():
-        print(f"{n:<16}{r['ms_per_step']:>9}{r['p95_ms']:>9}{r['prompt_tokens_per_step']:>13}"
-              f"{r['accuracy']:>7}{r.get('time_vs_none') or 0:>8}{r.get('tokens_vs_none') or 0:>9}"
-              f"{r.get('accuracy_vs_none') or 0:>7}{r['summaries']:>6}{r['fallbacks']:>6}"
-              f"{r['errors']:>5}")  # fmt: skip
+    print_table(rows)
     default = rows.get("default", rows[names[-1]])
     print(orjson.dumps({
-        "upstream": args.upstream, "sessions": args.sessions, "budget": budget,
+        "upstream": args.upstream, "sessions": len(base.outcomes), "budget": budget,
         "seed": args.seed, "facts": args.facts,
         "window": window, "strategies": rows,
         "prompt_tokens_saved": round(1 - (default.get("tokens_vs_none") or 1), 3),
         "accuracy_vs_none": default.get("accuracy_vs_none"),
+        "prefix_cache_hit_rate": default["prefix_cache_hit_rate"], "prefix_cache_reset": resets,
     }).decode())  # fmt: skip
 
 

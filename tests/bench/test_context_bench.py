@@ -15,6 +15,12 @@ def test_quick_context_bench_measures_every_strategy() -> None:
     assert "default-before" in rows
     assert all(r["errors"] == 0 for r in rows.values()), rows
     assert rows["none"]["accuracy"] == 1.0  # the whole history: the fact is there
+    assert rows["none"]["exact"] == 1.0 and rows["none"]["accuracy_ci95"] == [1.0, 1.0]
+    assert rows["default-before"]["accuracy_ci95"] == [0.0, 0.0]
+    assert all(r["ms_per_answer"] > 0 for r in rows.values()), rows
+    # the mock has no prefix cache: no hit rate, and no reset was asked
+    assert last["prefix_cache_hit_rate"] is None and last["prefix_cache_reset"] is False
+    assert last["sessions"] == 4  # every arm ran every session
     assert rows["extractive"]["accuracy"] == 1.0 and rows["extractive"]["summaries"] > 0
     assert rows["mask"]["accuracy"] == 1.0  # the placeholder's digest keeps the named value
     assert rows["default-before"]["accuracy"] == 0.0  # a bare placeholder does not
