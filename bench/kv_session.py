@@ -5,8 +5,9 @@ full tier without compaction, then with ``embedded.kv_compaction.full`` at ``--b
 and runs the same session on each: an agent's growing history of tool outputs, logs and
 code, with facts planted early, in the middle and late in it; every step appends more
 history and asks about one of the facts (a number the answer must contain). Per step: the
-time to answer, the prompt's tokens, what the engine kept (the answer's
-``kv_transfer_params``, kvplugin's record), whether the answer is right; per run: the KV
+time to answer, the prompt's tokens, what the engine kept (kvplugin's record, which the
+gateway takes out of the answer and records with the step: ``kv_compaction_kept_tokens``
+of ``GET /v1/steps/{id}``), whether the answer is right; per run: the KV
 pool's peak use sampled from vLLM's ``/metrics``. The last line is JSON with
 ``accuracy_vs_full_cache`` (right answers on / off), ``concurrency_ratio`` (KV blocks a
 request holds after its prefill, off / on: how many more such requests a fixed pool holds
@@ -123,6 +124,18 @@ class PeakUsage:
         self._thread.join()
 
 
+def recorded_features(client: httpx.Client, step_id: str, timeout_s: float = 60) -> dict[str, Any]:
+    """The recorded step's features (the recorder writes in batches: wait for it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = client.get(f"/v1/steps/{step_id}")
+        if r.status_code == 200:
+            return dict(r.json().get("features") or {})
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"step {step_id} not recorded after {timeout_s} s: {r.text[:300]}")
+        time.sleep(0.2)
+
+
 def run_session(
     url: str, engine_url: str, prompts: list[tuple[str, str, str]], last: int
 ) -> dict[str, Any]:
@@ -136,11 +149,12 @@ def run_session(
             })  # fmt: skip
             r.raise_for_status()
             data = r.json()
-            record = (data.get("kv_transfer_params") or {}).get("gearshift_kv_compaction") or {}
             prompt = int(data["usage"]["prompt_tokens"])
+            features = recorded_features(client, r.headers["x-gearshift-step-id"])
+            kept = int(features.get("kv_compaction_kept_tokens", prompt))
             answer = data["choices"][0]["message"]["content"] or ""
             steps.append(Step(
-                time.perf_counter() - started, prompt, int(record.get("kept_tokens", prompt)),
+                time.perf_counter() - started, prompt, kept,
                 expected in answer, where,
             ))  # fmt: skip
             print(f"  step {len(steps)}: {prompt} tokens, kept {steps[-1].kept_tokens}, "
