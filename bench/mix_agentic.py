@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.mix_arms import ARMS, Outcome, arm_figures, ask
+from bench.mix_arms import ARMS, Outcome, against_full, arm_figures, ask
 from bench.mix_cpu import StackCpu
 from bench.router_tasks import Task
 from bench.tier_agentic import Step, agreement, call_key, load
@@ -114,23 +114,14 @@ def summarize(
         if arm != "full":
             arms[arm]["vs_full"] = agreement(steps, ordered["full"], ordered[arm], args.boot)
 
-    def ratio(arm: str, key: str) -> float | None:
-        a, f = arms[arm].get(key), arms["full"].get(key)
-        return round(a / f, 3) if a is not None and f else None
-
-    def against_full(arm: str) -> dict[str, Any]:
+    def versus(arm: str) -> dict[str, Any]:
         q = arms[arm]["vs_full"]
-        return {
-            "tasks_per_cpu_s_ratio": ratio(arm, "tasks_per_cpu_s"),
-            "time_per_task_ratio": ratio(arm, "s_per_task_mean"),
-            "quality_vs_full": q["toolcall_agreement"],
-            "quality_vs_full_ci_low": q["ci"][0],
-        }
+        return against_full(arms, arm, q["toolcall_agreement"], q["ci"][0])
 
     return {
-        **against_full("routed"),
+        **versus("routed"),
         "fast_share": arms["routed"]["tier_share"]["fast"],
-        "baseline_fast": against_full("fast"),
+        "baseline_fast": versus("fast"),
         "workload": "agentic",
         "sessions": len({s.session for s in steps}),
         "tasks": len(steps),

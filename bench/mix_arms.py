@@ -115,6 +115,24 @@ def arm_figures(tally: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def against_full(
+    arms: Mapping[str, Mapping[str, Any]], arm: str, quality: float | None, ci_low: float | None
+) -> dict[str, Any]:
+    """An arm's headline figures over always-full's: tasks per CPU-second and time per task
+    as ratios (None where either side has none), and its quality against full."""
+
+    def ratio(key: str) -> float | None:
+        a, f = arms[arm].get(key), arms["full"].get(key)
+        return round(a / f, 3) if a is not None and f else None
+
+    return {
+        "tasks_per_cpu_s_ratio": ratio("tasks_per_cpu_s"),
+        "time_per_task_ratio": ratio("s_per_task_mean"),
+        "quality_vs_full": quality,
+        "quality_vs_full_ci_low": ci_low,
+    }
+
+
 def served_split(outcomes: Sequence[Outcome]) -> dict[str, str]:
     """Per task id, the tier the router chose (for ``bench.mix_replay.agreement``)."""
     return {o.task_id: d for o in outcomes if (d := o.decided) is not None}

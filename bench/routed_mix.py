@@ -66,7 +66,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from bench import mix_agentic
-from bench.mix_arms import ARMS, Outcome, arm_figures, ask, scored, served_split
+from bench.mix_arms import ARMS, Outcome, against_full, arm_figures, ask, scored, served_split
 from bench.mix_cpu import StackCpu
 from bench.mix_replay import agreement, decisions, operating_point, router_params, sweep
 from bench.router_outcomes import load as load_outcomes
@@ -158,24 +158,15 @@ def summarize(tasks: list[Task], tally: dict[str, dict[str, Any]], args: argpars
     for arm in ("fast", "routed"):
         arms[arm]["vs_full"] = report(paired(tasks, full_scores, tally[arm]["scores"]), args.boot)
 
-    def ratio(arm: str, key: str) -> float | None:
-        a, f = arms[arm].get(key), arms["full"].get(key)
-        return round(a / f, 3) if a is not None and f else None
-
-    def against_full(arm: str) -> dict[str, Any]:
+    def versus(arm: str) -> dict[str, Any]:
         q = arms[arm]["vs_full"]
-        return {
-            "tasks_per_cpu_s_ratio": ratio(arm, "tasks_per_cpu_s"),
-            "time_per_task_ratio": ratio(arm, "s_per_task_mean"),
-            "quality_vs_full": q["quality_retention"],
-            "quality_vs_full_ci_low": (q["ci"] or [None])[0],
-        }
+        return against_full(arms, arm, q["quality_retention"], (q["ci"] or [None])[0])
 
     routed = arms["routed"]
     return {
-        **against_full("routed"),
+        **versus("routed"),
         "fast_share": routed["tier_share"]["fast"],
-        "baseline_fast": against_full("fast"),
+        "baseline_fast": versus("fast"),
         "side": args.side,
         "tasks": len(tasks),
         "per_family": 1 if args.quick else args.per_family,
