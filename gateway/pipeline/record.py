@@ -82,7 +82,15 @@ def kv_features(
         return features
     kv = {
         f"kv_compaction_{name}": float(record[name])
-        for name in ("prompt_tokens", "kept_tokens", "evicted_tokens", "freed_blocks")
+        # cached_tokens: the cache's length when compacted (the prompt's, or more with the
+        # watermark trigger: the tokens decoded before that saw the whole cache)
+        for name in (
+            "prompt_tokens",
+            "kept_tokens",
+            "evicted_tokens",
+            "freed_blocks",
+            "cached_tokens",
+        )
         if isinstance(record.get(name), int | float)
     }
     if record.get("recomputed") is True:  # preempted later: recomputed with a full cache

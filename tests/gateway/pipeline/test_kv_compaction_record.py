@@ -44,6 +44,13 @@ def test_a_compacted_step_records_what_was_kept() -> None:
         chat_answer(kv_transfer_params={"gearshift_kv_compaction": {**RECORD, "recomputed": True}})
     )
     assert recomputed is not None and recomputed["kv_compaction_recomputed"] == 1.0
+    # the watermark trigger compacts mid-answer: the cache held more than the prompt
+    late = recorded(
+        chat_answer(
+            kv_transfer_params={"gearshift_kv_compaction": {**RECORD, "cached_tokens": 3200}}
+        )
+    )
+    assert late is not None and late["kv_compaction_cached_tokens"] == 3200.0
 
 
 def test_other_answers_record_no_compaction() -> None:
