@@ -47,20 +47,27 @@ class ToolCalls:
         self._made = LRU(cache)  # session id -> signatures of its tool calls
         # session id -> call ids no call of it is open under (a new call reopens its id)
         self._settled = LRU(cache)
+        # session id -> the ids of every call it made, for a session whose every step was
+        # this writer's: a result answering another id has no call in the store to look up
+        self._own = LRU(cache)
 
     def clear(self) -> None:
         self._made.clear()
         self._settled.clear()
+        self._own.clear()
 
     def forget(self, sid: str) -> None:
         """Read session ``sid``'s calls again from the store when next needed."""
         self._made.pop(sid, None)
         self._settled.pop(sid, None)
+        self._own.pop(sid, None)
 
     def new_session(self, sid: str) -> None:
-        """Session ``sid`` was started by this writer: it has made no call yet."""
+        """Session ``sid`` has no step anywhere and its first is this writer's: it has made
+        no call yet, and every call it makes is known here (until ``forget``)."""
         self._made.put(sid, set())
         self._settled.put(sid, set())
+        self._own.put(sid, set())
 
     def row(
         self,
@@ -110,6 +117,9 @@ class ToolCalls:
             settled = self._settled.get(row["session_id"])
             if settled is not None:
                 settled.discard(row["call_id"])
+            own = self._own.get(row["session_id"])
+            if own is not None:
+                own.add(row["call_id"])
 
     def results(
         self,
@@ -122,8 +132,9 @@ class ToolCalls:
         created: datetime,
     ) -> list[dict[str, Any]]:
         """Pair tool messages in this request with the open calls they answer: this batch's
-        in memory, then committed ones (unless the session had nothing committed, or the
-        call id is settled: looked up or answered before)."""
+        in memory, then committed ones (unless the session had nothing committed, the call
+        id is settled: looked up or answered before, or no call of a session whose every
+        step this writer wrote has that id)."""
         results: dict[Any, Any] = {
             m.get("tool_call_id"): m.get("content")
             for m in messages or ()
@@ -146,8 +157,10 @@ class ToolCalls:
             elif call_id in settled:
                 del results[call_id]
         settled.update(results)  # answered below, or open nowhere
-        if results and sid not in p.fresh:
-            params = {"sid": sid, "call_ids": list(results)}
+        own = self._own.get(sid)
+        ask = list(results) if own is None else [c for c in results if c in own]
+        if ask and sid not in p.fresh:
+            params = {"sid": sid, "call_ids": ask}
             for call_pk, call_id, exit_status in conn.execute(OPEN_CALLS, params):
                 if call_pk not in p.answered:
                     p.answered.add(call_pk)

@@ -64,8 +64,11 @@ class StepWriter:
         self._tenants: set[str] = set()
         self._chains = LRU(cache)  # (tenant, continuation hash) -> session id
         self._calls = ToolCalls(cache // 10)
+        # session id -> the continuation hashes of its steps, for a session whose every
+        # step was this writer's: whether a step extends one of its answers, without a query
+        self._own = LRU(cache // 10)
         # what the caches are up to date with: another writer's steps make them forget
-        self._numbers = SessionNumbers(cache, forget=self._calls.forget)
+        self._numbers = SessionNumbers(cache, forget=self._forget_session)
         # session id -> its last step's prompt ids, which the next one's refer to
         self._lasts = Lasts(int(prompt_cache_mb * 2**20))
         # the open hashes of recent continuations: a session's next step hashes only what
@@ -79,6 +82,7 @@ class StepWriter:
         self._chains.clear()
         self._numbers.clear()
         self._calls.clear()
+        self._own.clear()
         self._lasts.clear()
         self._pending = Pending()
 
@@ -110,7 +114,7 @@ class StepWriter:
         else:
             hashed = None
             if isinstance(messages, list):
-                history = chain.History(messages, self._histories)
+                history = self._history(rec, messages)
                 prefix = history.prefix()
         sid, rewritten = self._session(conn, rec, prefix)
         if rec.context is not None:  # a condensed prompt: its summary steps, then the event
@@ -127,7 +131,7 @@ class StepWriter:
             else:
                 cont = history.continuation(choice.message) if history is not None else None
             if cont is not None:
-                self._chains.put(f"{rec.tenant}\x00{cont}", sid)
+                self._link(rec.tenant, sid, cont)
             step_rows.append(step_row(rec, step_id, choice, sid, seq, sha, prompt, created))
             step_rows[-1].update(
                 rewritten=rewritten, prefix_sha256=prefix, continuation_sha256=cont
@@ -200,9 +204,13 @@ class StepWriter:
             sid = session_key(rec.tenant, rec.external_session)
             self._pending.sessions.setdefault(sid, session_row(rec, sid))
             if not self._numbers.has_steps(conn, self._pending, sid):
+                self._owned(sid)
                 return sid, False  # the session's first step: nothing to rewrite
             # Later steps must extend an earlier answer of this session; anything else
             # (a summary, a truncated or edited history) is a rewrite.
+            own = self._own.get(sid)
+            if own is not None:
+                return sid, prefix is None or prefix not in own
             return sid, prefix is None or self._continues(conn, rec.tenant, prefix) != sid
         found = self._continues(conn, rec.tenant, prefix) if prefix else None
         if found is not None:
@@ -210,8 +218,33 @@ class StepWriter:
         sid = uuid.uuid4().hex  # a new session: nothing to look up for it later
         self._pending.sessions[sid] = session_row(rec, sid)
         self._numbers.new_session(self._pending, sid)
-        self._calls.new_session(sid)
+        self._owned(sid)
         return sid, False
+
+    def _history(self, rec: StepRecord, messages: list[Any]) -> chain.History:
+        """The request's messages hashed from where this writer's caches left off: the
+        answer they continue, or (a named session) its last request."""
+        named = rec.external_session
+        key = None if named is None else session_key(rec.tenant, named)
+        return chain.History(messages, self._histories, key)
+
+    def _link(self, tenant: str, sid: str, cont: str) -> None:
+        """A step of session ``sid`` ends in continuation ``cont``: a next step extends it."""
+        self._chains.put(f"{tenant}\x00{cont}", sid)
+        own = self._own.get(sid)
+        if own is not None:
+            own.add(cont)
+
+    def _owned(self, sid: str) -> None:
+        """Session ``sid`` has no step anywhere and its first is this writer's: what it
+        adds is known here, until another writer's step makes it forget
+        (``_forget_session``)."""
+        self._calls.new_session(sid)
+        self._own.put(sid, set())
+
+    def _forget_session(self, sid: str) -> None:
+        self._calls.forget(sid)
+        self._own.pop(sid, None)
 
     def _continues(self, conn: Connection, tenant: str, prefix: str) -> str | None:
         hit = self._chains.get(f"{tenant}\x00{prefix}")

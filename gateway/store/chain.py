@@ -14,6 +14,10 @@ An agent's step resends the history its last step hashed. With a ``ChainCache`` 
 hash of that step's continuation is kept open (SHA-256 is computed front to back, and the
 hashed array is its elements' bytes joined), so the next step reduces and hashes only the
 messages it adds: the same hashes, at a cost per step that does not grow with the session.
+A client that sends back something else than the answer it got (an edited or scripted
+assistant message) misses that link; for a named session the cache also keeps the open hash
+of the session's last request, without its answer, and a step that resends that request's
+messages hashes only what follows them (``ChainCache.last_request``).
 """
 
 from __future__ import annotations
@@ -124,20 +128,31 @@ class History:
 
     __slots__ = ("_all", "_cache", "_found", "_head", "_prefix")
 
-    def __init__(self, messages: list[Any], cache: ChainCache | None = None) -> None:
+    def __init__(
+        self, messages: list[Any], cache: ChainCache | None = None, session: str | None = None
+    ) -> None:
+        """``session``: the named session the request belongs to, if any (with a cache:
+        its last request is kept, and found, under that name)."""
         last = _last_assistant(messages)
         cut = 0 if last is None else last + 1
         found = cache.find(messages, last) if cache is not None and last is not None else None
-        if found is None:
-            parts = [_part(m) for m in messages]
-            head = _Open.start().extended(messages[:cut], parts[:cut])
-            rest = parts[cut:]
-        else:
+        if found is not None:
             head, rest = found.head, [_part(m) for m in messages[cut:]]
+        else:
+            base = None
+            if cache is not None and session is not None:
+                base = cache.last_request(session, messages, cut)
+            start = _Open.start() if base is None else base
+            done = len(start.messages)
+            parts = [_part(m) for m in messages[done:]]
+            head = start.extended(messages[done:cut], parts[: cut - done])
+            rest = parts[cut - done :]
         self._cache, self._found = cache, found
         self._head = head if last is not None else None
         self._all = head.extended(messages[cut:], rest)
         self._prefix: str | None = None
+        if cache is not None and session is not None:
+            cache.keep_request(session, self._all)
 
     def prefix(self) -> str | None:
         """Hash of the history up to the last assistant message; None when there is none."""
@@ -188,6 +203,10 @@ class ChainCache:
         self._links: OrderedDict[tuple[int, bytes], list[_Open]] = OrderedDict()
         self._bytes = self._count = 0
         self.hits = self.misses = 0
+        # named session -> the open hash of its last request's messages (no answer)
+        self._requests: OrderedDict[str, _Open] = OrderedDict()
+        self._request_bytes = 0
+        self.request_hits = 0
 
     def __len__(self) -> int:
         return self._count
@@ -213,6 +232,37 @@ class ChainCache:
                 return _Found(head, key, link)
         self.misses += 1
         return None
+
+    def last_request(self, session: str, messages: list[Any], cut: int) -> _Open | None:
+        """The open hash of session ``session``'s last request when ``messages`` begin with
+        that request's messages (compared as parsed values, as ``find`` does) and no more
+        than ``cut`` of them (the history through its last assistant message)."""
+        link = self._requests.get(session)
+        if link is None:
+            return None
+        n = len(link.messages)
+        if n > cut or messages[:n] != link.messages:
+            return None
+        self.request_hits += 1
+        return link
+
+    def keep_request(self, session: str, link: _Open) -> None:
+        """Keep ``link`` (a request's messages, open, no answer) as session ``session``'s
+        last request; the least recently used sessions go first past ``max_links`` or
+        ``max_mb`` (counted apart from the continuations: the two mostly share their
+        message objects)."""
+        old = self._requests.pop(session, None)
+        if old is not None:
+            self._request_bytes -= self._cost(old)
+        if self.max_links <= 0 or self.max_bytes <= 0:
+            return
+        self._requests[session] = link
+        self._request_bytes += self._cost(link)
+        while self._requests and (
+            len(self._requests) > self.max_links or self._request_bytes > self.max_bytes
+        ):
+            _, gone = self._requests.popitem(last=False)
+            self._request_bytes -= self._cost(gone)
 
     def put(self, part: bytes, link: _Open, found: _Found | None) -> None:
         """Keep ``link`` (a request's messages followed by the answer ``part``, open), in

@@ -129,3 +129,42 @@ def test_a_fresh_cache_after_a_restart_gives_the_same_hashes():
         nxt = [*messages, {"role": "assistant", "content": "y"}, {"role": "user", "content": "z"}]
         check(History(nxt, cache), nxt, [{"role": "assistant", "content": "w"}])
     assert links[0] == links[1]
+
+
+def test_a_named_session_resending_an_edited_answer_hashes_from_its_last_request():
+    """The client sends back another answer than it got (a scripted agent, an SDK that
+    rewrites it): no continuation matches, and the session's last request is extended
+    instead of hashing the whole history again; the hashes are the definition's."""
+    rng = random.Random(7)
+    cache = ChainCache()
+    messages: list[Any] = [{"role": "system", "content": "s"}, {"role": "user", "content": "go"}]
+    for step in range(8):
+        got = answer(rng, step, 0)
+        history = History(json.loads(json.dumps(messages)), cache, "tenant/s1")
+        check(history, messages, [got])
+        sent = {"role": "assistant", "content": f"scripted {step}"}  # not what it got
+        messages = [*messages, sent, {"role": "user", "content": f"result {step}"}]
+    assert cache.hits == 0 and cache.request_hits == 7
+    # another session's name, or an edit before the last request's end: hashed whole
+    check(History(messages, cache, "tenant/s2"), messages, [])
+    edited = [{"role": "system", "content": "S"}, *messages[1:]]
+    check(History(edited, cache, "tenant/s1"), edited, [])
+    assert cache.request_hits == 7
+    # a request that ends before its last assistant message: not extended, still right
+    cut = messages[:3]
+    check(History(cut, cache, "tenant/s1"), cut, [])
+
+
+def test_the_last_requests_kept_are_bounded():
+    cache = ChainCache(max_links=2)
+    for i in range(3):
+        History([{"role": "user", "content": f"q{i}"}], cache, f"s{i}")
+    nxt = [{"role": "user", "content": "q0"}, {"role": "assistant", "content": "a"}]
+    check(History(nxt, cache, "s0"), nxt, [])  # s0's request went
+    assert cache.request_hits == 0
+    nxt = [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "a"}]
+    check(History(nxt, cache, "s2"), nxt, [])
+    assert cache.request_hits == 1
+    off = ChainCache(max_mb=0)
+    History([{"role": "user", "content": "x"}], off, "s")
+    assert off.last_request("s", [{"role": "user", "content": "x"}], 1) is None

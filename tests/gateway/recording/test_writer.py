@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, event, select
 
 from gateway.recording.records import (
     ChainHashes,
@@ -262,3 +262,72 @@ def test_a_call_id_used_again_is_answered_again(engine):
     assert [tuple(a) for a in answered] == [
         ("call-0", "ok 0"), ("call-1", "ok 1"), ("call-0", "ok 2"), ("call-1", None),
     ]  # fmt: skip
+
+
+def test_a_named_session_resending_other_answers_stores_the_defined_hashes(engine):
+    """A client that sends back another assistant message than the one it got: each step is
+    a rewrite (``rewritten``), its hashes are still the definitions, and the writer hashed
+    only what each request added to the session's last one."""
+    records = named(loop(4))
+    for r in records:  # the answers recorded are not the ones the next requests carry
+        r.choices[0].message = {"role": "assistant", "content": f"other {r.request_id}"}
+    writer = StepWriter()
+    for r in records:
+        with engine.begin() as conn:
+            writer.write(conn, [r])
+    with engine.connect() as conn:
+        stored = conn.execute(
+            select(steps.c.rewritten, steps.c.prefix_sha256, steps.c.continuation_sha256)
+            .order_by(steps.c.seq)
+        ).all()  # fmt: skip
+    want = []
+    for r in records:
+        messages = r.request["messages"]  # type: ignore[index]
+        history = chain.History(messages)
+        want.append((r is not records[0], history.prefix(),
+                     history.continuation(r.choices[0].message)))  # fmt: skip
+    assert [tuple(s) for s in stored] == want
+    assert writer._histories.request_hits == 3  # steps 2-4 extended the one before
+
+
+def edited(records: list[StepRecord]) -> list[StepRecord]:
+    """The tool loop of a client that sends back other answers than it got."""
+    for r in records:
+        r.choices[0].message = {"role": "assistant", "content": f"other {r.request_id}"}
+    return records
+
+
+@pytest.mark.parametrize("answers", ["resent", "edited"])
+def test_writers_taking_turns_store_what_one_writer_does(tmp_path, answers):
+    """What a writer knows of a session it wrote every step of (its continuations, its
+    calls) spares lookups; a step by another writer makes it look up again: the same rows."""
+    got = []
+    for writers in ([StepWriter()] * 2, [StepWriter(), StepWriter()]):
+        url = f"sqlite:///{tmp_path}/{len(got)}.db"
+        upgrade(url)
+        engine = make_engine(url)
+        records = named(loop(5))
+        for k, rec in enumerate(edited(records) if answers == "edited" else records):
+            with engine.begin() as conn:
+                writers[k % 2].write(conn, [rec])
+        got.append(tables(engine))
+        engine.dispose()
+    assert got[0] == got[1]
+    assert got[0]["steps"] == [(i, f"req-{i}", answers == "edited" and i > 0) for i in range(5)]
+    # edited: the answers made no call, and the results name calls nobody made
+    want = [] if answers == "edited" else [f"req-{i}" for i in range(1, 5)]
+    assert [c[3] for c in got[0]["calls"]] == want
+
+
+def test_a_session_this_writer_wrote_whole_needs_no_lookups(engine):
+    """Whether a named step extends an answer of its session, and which calls its results
+    answer, are known from what the writer wrote: no query for either."""
+    queries: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *a: queries.append(a[2]))
+    writer = StepWriter()
+    for rec in edited(named(loop(4))):
+        with engine.begin() as conn:
+            writer.write(conn, [rec])
+    assert not [q for q in queries if "continuation_sha256 =" in q]
+    assert not [q for q in queries if "tool_calls.result IS NULL" in q]
+    assert [r[2] for r in tables(engine)["steps"]] == [False, True, True, True]
