@@ -149,6 +149,14 @@ class RouterSettings(Section):
     session_ttl_s: float = Field(
         default=3600.0, gt=0, description="a session's routing history expires after this idle time"
     )
+    recall_wait_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=10,
+        description="with several replicas: how long a step that continues an answer another "
+        "replica gave waits for that step to be recorded, to rebuild the session's routing "
+        "history from the store (gateway.routing.recall; docs/deployment.md); 0: no wait",
+    )
     calibrate_tokens: bool = Field(
         default=True,
         description="check the router's prompt-token estimate against the full tier's tokenizer "

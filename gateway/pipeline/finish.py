@@ -8,6 +8,8 @@ beyond its queue policy).
 
 from __future__ import annotations
 
+from typing import Any
+
 from opentelemetry.trace import Span
 
 from gateway.access.admission import Ticket
@@ -50,12 +52,14 @@ class Finish:
         if outcome.status == CLIENT_CLOSED:
             return
         links = hashes.continuations if hashes is not None and outcome.answers else ()
+        keys = outcome.routing.keys
         self.sessions.finish(
-            outcome.identity.tenant, outcome.routing.keys, outcome.tier,
+            outcome.identity.tenant, keys, outcome.tier,
             escalated=outcome.served.escalated is not None, failed=outcome.failed,
             anchor=anchor(outcome),
             continuations=[CHAIN + c for c in links if c is not None]
             if outcome.status == 200 else (),
+            answers=answers(outcome) if outcome.status == 200 and keys.named else (),
         )  # fmt: skip
 
     def _metrics(self, outcome: Outcome) -> None:
@@ -104,10 +108,14 @@ def chain_hashes(outcome: Outcome) -> ChainHashes | None:
     history = outcome.routing.keys.history
     if history is None:
         return None
-    captured = outcome.captured
-    answers = [c.message for c in captured.choices] if captured else list(outcome.answers or ())
-    links = chain_links(history, answers)
+    links = chain_links(history, answers(outcome))
     return None if links is None else ChainHashes(history.prefix(), links)
+
+
+def answers(outcome: Outcome) -> list[Any]:
+    """The step's answers: the recorded choices', else the answers kept for the chain."""
+    captured = outcome.captured
+    return [c.message for c in captured.choices] if captured else list(outcome.answers or ())
 
 
 def anchor(outcome: Outcome) -> Anchor | None:

@@ -86,7 +86,9 @@ class CompletionPipeline:
         ticket: Ticket | None,
     ) -> None:  # fmt: skip
         try:
-            routing = self.route(parsed)
+            who = parsed.identity
+            keys = await self.services.route_sessions.known(who.tenant, who.session_id, parsed.body)
+            routing = self.route(parsed, keys)
             context = self.context.wanted(parsed, scope)
         except GatewayError as exc:  # refused before any tier was chosen
             endpoint = parsed.identity.endpoint

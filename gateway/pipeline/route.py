@@ -81,9 +81,12 @@ class RouteStage:
             self.models[pool.model] = tier
             self.models.setdefault(tier.value, tier)  # "full"/"fast" pin a tier too
 
-    def __call__(self, parsed: ParsedRequest) -> Routing:
+    def __call__(self, parsed: ParsedRequest, keys: SessionKeys | None = None) -> Routing:
+        """Route ``parsed``, whose session is known by ``keys`` (``RouteSessions.known``,
+        which may read the store; without them, as this replica knows it)."""
         who = parsed.identity
-        keys = self.sessions.keys(who.tenant, who.session_id, parsed.body)
+        if keys is None:
+            keys = self.sessions.keys(who.tenant, who.session_id, parsed.body)
         if who.requested_model == "auto":
             return self._routed(parsed, keys)
         tier = self.models.get(who.requested_model)

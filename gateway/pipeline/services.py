@@ -17,6 +17,7 @@ from gateway.pipeline.context.stage import ContextStage
 from gateway.recording.recorder import Recorder
 from gateway.routing.calibration import TokenCalibrator
 from gateway.routing.control import ControlPlane, ControlSync
+from gateway.routing.recall import SessionRecall
 from gateway.routing.sessions import RouteSessions
 from gateway.store.worker import StoreWorker
 from gateway.telemetry import build_tracer_provider
@@ -57,8 +58,14 @@ class Services:
             if self.store_worker is not None
             else None
         )
+        # a cache of the recorded steps' routing history (gateway.routing.recall)
+        recall = (
+            SessionRecall(self.store_worker, settings.router.recall_wait_s)
+            if self.store_worker is not None
+            else None
+        )
         self.route_sessions = RouteSessions(
-            settings.router.max_sessions, settings.router.session_ttl_s
+            settings.router.max_sessions, settings.router.session_ttl_s, recall
         )
         self.pools = {
             tier: TierPool(

@@ -12,6 +12,13 @@ first user message), where every unnamed session with that opening adds its step
 
 The table is bounded (least recently used entries are forgotten first) and entries expire
 after ``ttl_s`` without a step, so a flood of one-off sessions costs bounded memory.
+
+With a store, the table is a cache of the recorded steps (``gateway.routing.recall``): a
+step that continues an answer this replica does not know — another replica gave it, or
+this one forgot it — has its session's history rebuilt from the store first. A chain key
+names one point of a conversation, so a chain entry is never stale; a named session's
+entry is, when the request's last assistant message is not the answer this replica gave
+last (``echo``): another replica took a step since.
 """
 
 from __future__ import annotations
@@ -21,13 +28,16 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.store.chain import ChainCache, History
 from gateway.upstream.pool import TierPool
 from gateway.upstream.scrape import Scraper
 from router.tokens import Anchor
 from router.types import LoadSignals, SessionState, Tier
+
+if TYPE_CHECKING:
+    from gateway.routing.recall import SessionRecall
 
 OPENING_CHARS = 4096
 OPENING_PARTS = 16
@@ -101,11 +111,47 @@ def chain_links(history: History | None, answers: Sequence[Any]) -> list[str | N
         return None
 
 
+def last_answer(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The request's last assistant message (the answer its step continues), or None."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for message in reversed(messages):
+            if isinstance(message, Mapping) and message.get("role") == "assistant":
+                return message
+    return None
+
+
+def answer_tag(message: Mapping[str, Any]) -> int:
+    """An answer as the client echoes it back: its text and its tool calls' ids (SDKs
+    re-serialize the rest, ``store.chain``). Compared within one process only."""
+    content = message.get("content")
+    if not isinstance(content, str):
+        parts = content if isinstance(content, list) else ()
+        content = "".join(p["text"] for p in parts if isinstance(p, Mapping) and "text" in p)
+    calls = message.get("tool_calls")
+    ids = tuple(c.get("id") for c in calls if isinstance(c, Mapping)) if calls else ()
+    return hash((content, ids))
+
+
+def answer_tags(answers: Sequence[Any]) -> frozenset[int] | None:
+    """The tags of a step's answers (one per choice); None when it has none."""
+    return frozenset(answer_tag(a) for a in answers if isinstance(a, Mapping)) or None
+
+
 class RouteSessions:
-    def __init__(self, max_sessions: int = 100_000, ttl_s: float = 3600.0) -> None:
+    def __init__(
+        self,
+        max_sessions: int = 100_000,
+        ttl_s: float = 3600.0,
+        recall: SessionRecall | None = None,
+    ) -> None:
         self.max_sessions = max_sessions
         self.ttl_s = ttl_s
-        self._table: OrderedDict[tuple[str, str], tuple[float, SessionState]] = OrderedDict()
+        self.recall = recall  # rebuilds a session's history from the store on a miss
+        # (seen, state, echo): echo is the tags of the last step's answers (named sessions)
+        self._table: OrderedDict[
+            tuple[str, str], tuple[float, SessionState, frozenset[int] | None]
+        ] = OrderedDict()
         # the last step's open hash of each unnamed chat session: the next step hashes only
         # the messages it adds (the same keys; ``gateway.store.chain.ChainCache``)
         self.chains = ChainCache(max_mb=32.0)
@@ -113,17 +159,20 @@ class RouteSessions:
     def __len__(self) -> int:
         return len(self._table)
 
+    def _entry(
+        self, tenant: str, key: str
+    ) -> tuple[float, SessionState, frozenset[int] | None] | None:
+        entry = self._table.get((tenant, key))
+        if entry is not None and time.monotonic() - entry[0] > self.ttl_s:
+            del self._table[(tenant, key)]
+            return None
+        return entry
+
     def get(self, tenant: str, key: str | None) -> SessionState | None:
         if key is None:
             return None
-        entry = self._table.get((tenant, key))
-        if entry is None:
-            return None
-        seen, state = entry
-        if time.monotonic() - seen > self.ttl_s:
-            del self._table[(tenant, key)]
-            return None
-        return state
+        entry = self._entry(tenant, key)
+        return None if entry is None else entry[1]
 
     def keys(self, tenant: str, session_id: str | None, body: Mapping[str, Any]) -> SessionKeys:
         """How the step in ``body`` is known (see the module's docstring)."""
@@ -143,6 +192,50 @@ class RouteSessions:
             return SessionKeys(CHAIN + prefix, opening, history=history)
         return SessionKeys(opening, opening, history=history)
 
+    async def known(
+        self, tenant: str, session_id: str | None, body: Mapping[str, Any]
+    ) -> SessionKeys:
+        """``keys``, after rebuilding the session's history from the store where this
+        replica's is missing or stale (with a store only; see the module's docstring)."""
+        keys = self.keys(tenant, session_id, body)
+        if self.recall is None or not self.stale(tenant, keys, body):
+            return keys
+        if keys.named:
+            assert keys.key is not None
+            last = last_answer(body)
+            tag = answer_tag(last) if last is not None else None
+            state = await self.recall.named(tenant, keys.key, tag)
+            if state is not None:
+                self.put(
+                    tenant, keys.key, state, echo=frozenset({tag}) if tag is not None else None
+                )
+            return keys
+        prefix = keys.history.prefix() if keys.history is not None else None
+        assert prefix is not None
+        state = await self.recall.chain(tenant, prefix)
+        if state is None:
+            return keys
+        self.put(tenant, CHAIN + prefix, state)
+        return SessionKeys(CHAIN + prefix, keys.opening, history=keys.history)
+
+    def stale(self, tenant: str, keys: SessionKeys, body: Mapping[str, Any]) -> bool:
+        """Whether the step continues an answer this replica's history does not end with:
+        a named session's entry missing or behind the request, or an unnamed step whose
+        history has an answer that no chain entry here knows."""
+        if keys.named:
+            assert keys.key is not None
+            entry = self._entry(tenant, keys.key)
+            if entry is None:
+                return last_answer(body) is not None
+            echo = entry[2]
+            if echo is None:  # no answer known yet (no store, or no step answered)
+                return False
+            last = last_answer(body)
+            return last is not None and answer_tag(last) not in echo
+        if keys.chained or keys.history is None:
+            return False
+        return keys.history.prefix() is not None
+
     def update(
         self,
         tenant: str,
@@ -152,12 +245,17 @@ class RouteSessions:
         escalated: bool,
         failed: bool,
         anchor: Anchor | None = None,
+        echo: frozenset[int] | None = None,
     ) -> None:
         """Count a finished step: the tier that answered, whether the fast tier failed and,
         when the tier counted the prompt of a routed step, that count (``anchor``)."""
         if key is None:
             return
-        self.put(tenant, key, advance(self.get(tenant, key), tier, escalated, failed, anchor))
+        entry = self._entry(tenant, key)
+        state = advance(entry[1] if entry else None, tier, escalated, failed, anchor)
+        if echo is None and entry is not None:  # no answer (a failure): the last one stands
+            echo = entry[2]
+        self.put(tenant, key, state, echo=echo)
 
     def finish(
         self,
@@ -169,12 +267,18 @@ class RouteSessions:
         failed: bool,
         anchor: Anchor | None = None,
         continuations: Sequence[str] = (),
+        answers: Sequence[Any] = (),
     ) -> None:
-        """Count a finished step where its session is known: a named session's history; for
-        an unnamed one, the opening's, and the chain's — the history this step continued (or
+        """Count a finished step where its session is known: a named session's history
+        (with the answers it got, to tell when another replica took a step since); for an
+        unnamed one, the opening's, and the chain's — the history this step continued (or
         a new one), advanced by it, under each of its answers' continuation keys."""
         if keys.named:
-            self.update(tenant, keys.key, tier, escalated=escalated, failed=failed, anchor=anchor)
+            echo = answer_tags(answers) if self.recall is not None else None
+            self.update(
+                tenant, keys.key, tier, escalated=escalated, failed=failed, anchor=anchor,
+                echo=echo,
+            )  # fmt: skip
             return
         self.update(tenant, keys.opening, tier, escalated=escalated, failed=failed, anchor=anchor)
         if continuations:
@@ -183,8 +287,10 @@ class RouteSessions:
             for key in continuations:
                 self.put(tenant, key, after)
 
-    def put(self, tenant: str, key: str, state: SessionState) -> None:
-        self._table[(tenant, key)] = (time.monotonic(), state)
+    def put(
+        self, tenant: str, key: str, state: SessionState, *, echo: frozenset[int] | None = None
+    ) -> None:
+        self._table[(tenant, key)] = (time.monotonic(), state, echo)
         self._table.move_to_end((tenant, key))
         while len(self._table) > self.max_sessions:
             self._table.popitem(last=False)

@@ -4,6 +4,7 @@ opening when the client names none."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from gateway.routing.sessions import RouteSessions, SessionKeys, continuation_keys, opening_key
 from gateway.store.chain import History
@@ -125,3 +126,36 @@ def test_unchainable_content_falls_back_to_the_opening():
     assert table.keys("t", None, {"messages": "junk"}).history is None
     history = History(OPENING)
     assert continuation_keys(history, [odd[-1]]) == [] and continuation_keys(history, [None]) == []
+
+
+def test_a_named_entry_is_stale_once_another_replica_answered_since() -> None:
+    table = RouteSessions()
+    table.recall = object()  # type: ignore[assignment]  # a store: answers are kept to check
+    mine: dict[str, Any] = {"role": "assistant", "content": "a", "tool_calls": [{"id": "call-1"}]}
+    theirs = {"role": "assistant", "content": "a", "tool_calls": [{"id": "call-2"}]}
+    first = {"messages": [{"role": "user", "content": "go"}]}
+    keys = table.keys("t", "s", first)
+    assert not table.stale("t", keys, first)  # a first step continues no answer
+    table.finish("t", keys, Tier.FAST, escalated=False, failed=False, answers=[mine])
+    echoed = {**mine, "refusal": None, "tool_calls": [{**mine["tool_calls"][0], "type": "x"}]}
+    for last, stale in ((echoed, False), (theirs, True)):
+        body = {"messages": [*first["messages"], last, {"role": "tool", "content": "ok"}]}
+        assert table.stale("t", table.keys("t", "s", body), body) is stale
+    assert table.stale("t", table.keys("t", "new", body), body)  # unknown here: read it
+    # a step that failed without an answer leaves the last answer to check against
+    table.finish("t", table.keys("t", "s", body), Tier.FAST, escalated=False, failed=True)
+    assert table.stale("t", table.keys("t", "s", body), body)
+
+
+def test_an_unnamed_step_is_stale_only_when_no_chain_entry_knows_its_answer() -> None:
+    table = RouteSessions()
+    first = {"messages": [{"role": "user", "content": "go"}]}
+    keys = table.keys("t", None, first)
+    assert not table.stale("t", keys, first)
+    answer = {"role": "assistant", "content": "done"}
+    table.finish("t", keys, Tier.FULL, escalated=False, failed=False,
+                 continuations=continuation_keys(keys.history, [answer]))  # fmt: skip
+    body = {"messages": [*first["messages"], answer, {"role": "user", "content": "more"}]}
+    assert not table.stale("t", table.keys("t", None, body), body)  # a chain key: never stale
+    other = {"messages": [*first["messages"], {**answer, "content": "elsewhere"}]}
+    assert table.stale("t", table.keys("t", None, other), other)
