@@ -128,6 +128,9 @@ elif command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
 else
   step "kubectl/podman/mmdebstrap not found: Debian's 'kubernetes-client podman runc mmdebstrap' run the deployment tests"
 fi
+# podman-compose (PyPI; Debian's 1.0.3 predates compose's `required: false`) brings the
+# compose stack up in tests/deploy/test_compose_up.py
+.venv/bin/pip install -q --disable-pip-version-check 'podman-compose>=1.6'
 
 step "default model (converted once, cached under $GEARSHIFT_HOME/models)"
 GEARSHIFT_HOME="$GEARSHIFT_HOME" .venv/bin/gearshift provision

@@ -1,8 +1,11 @@
 """deploy/compose.yaml brought up for real with podman-compose (or docker compose), without
 the profile `full` (its three public images need a registry): the gateway, the sandbox and
-the two CPU vLLM tiers from the locally built images, the store in SQLite. The official
-client gets a chat completion through the gateway's /ready-checked service; then it all
-comes down. Skipped, saying why, where the tools, the images or the models are not here."""
+the two CPU vLLM tiers from the images this session builds (tests/deploy/images.py), the
+store in SQLite in the gateway's volume. The official client gets answers through the
+gateway; then the tier it was routed to is restarted while requests keep coming: every
+request is answered (the gateway falls back to the other tier before the first byte; a
+503 is retried by the client) and every answered request is recorded exactly once. Skipped,
+saying why, where the tools or the models are not here."""
 
 from __future__ import annotations
 
@@ -10,27 +13,35 @@ import contextlib
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
+import sys
+import threading
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from tests.deploy.images import ENV, built, podman, runnable
 from tests.deploy.manifests import DEPLOY
 
 pytestmark = pytest.mark.slow
-IMAGES = ("localhost/gearshift-gateway:0.1.0", "localhost/gearshift-vllm-cpu:0.1.0")
-PORTS = (8000, 8101, 8102, 8200)  # compose's fixed loopback ports
+PORTS = {"gateway": 8000, "vllm-full": 8101, "vllm-fast": 8102, "sandbox": 8200}
 MODELS = Path(os.environ.get("GEARSHIFT_MODELS", "~/.cache/gearshift/models")).expanduser()
+GATEWAY = "http://127.0.0.1:8000"
 
 
 def compose_command() -> list[str]:
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed")
-    if (found := shutil.which("podman-compose")) is not None:
+    # on PATH, or in this interpreter's environment (scripts/install.sh puts it in .venv)
+    beside = Path(sys.executable).parent / "podman-compose"
+    if (found := shutil.which("podman-compose") or shutil.which(beside)) is not None:
         return [found]
     if (
         shutil.which("docker") is not None
@@ -50,17 +61,51 @@ def _port_taken(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_compose_comes_up_offline_and_serves_the_openai_client(tmp_path: Path) -> None:
+@dataclass
+class Compose:
+    """One compose project, run the way docs/deployment.md says."""
+
+    base: list[str]
+    cwd: Path
+    project: str
+
+    def __call__(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([*self.base, *args], capture_output=True, text=True, env=ENV,
+                              cwd=self.cwd, timeout=timeout, check=False)  # fmt: skip
+        with (self.cwd / "compose.log").open("a") as f:
+            f.write(f"$ {' '.join(args)}\n{done.stdout}\n{done.stderr}\n")
+        return done
+
+    def log(self) -> str:
+        return (self.cwd / "compose.log").read_text()[-6000:]
+
+    def store(self) -> Path:
+        """The gateway's SQLite store, in its named volume."""
+        volume = f"{self.project}_gearshift-home"
+        where = podman("volume", "inspect", "--format", "{{.Mountpoint}}", volume).stdout
+        return Path(where.strip()) / "trajectories.db"
+
+
+def wait_healthy(url: str, timeout_s: float, compose: Compose) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=3).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            pytest.fail(f"{url} never answered 200:\n{compose.log()}")
+        time.sleep(2)
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Compose]:
     command = compose_command()
-    env = {**os.environ, "CONTAINERS_CONF": str(DEPLOY / "podman" / "containers.conf")}
-    for image in IMAGES:
-        if subprocess.run(["podman", "image", "exists", image], env=env, check=False).returncode:
-            pytest.skip(f"{image} is not built (scripts/build-images.sh gateway vllm-cpu)")
+    runnable(built("gateway"))
+    built("vllm-cpu")
     if not list(MODELS.glob("smollm2-135m-instruct-*")):
         pytest.skip(f"no converted model in {MODELS} (gearshift provision)")
-    if taken := [p for p in PORTS if _port_taken(p)]:
+    if taken := [p for p in PORTS.values() if _port_taken(p)]:
         pytest.skip(f"compose's ports {taken} are in use on 127.0.0.1")
-
     # a copy of deploy/'s compose part: its secrets are this test's own
     shutil.copy2(DEPLOY / "compose.yaml", tmp_path / "compose.yaml")
     shutil.copytree(
@@ -70,41 +115,103 @@ def test_compose_comes_up_offline_and_serves_the_openai_client(tmp_path: Path) -
                           capture_output=True, text=True, check=False)  # fmt: skip
     assert made.returncode == 0, made.stderr
     project = f"gs-compose-{uuid.uuid4().hex[:8]}"
-    base = [*command, "-p", project, "-f", str(tmp_path / "compose.yaml")]
-    log = tmp_path / "compose.log"
-
-    def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([*base, *args], capture_output=True, text=True, env=env,
-                              cwd=tmp_path, timeout=timeout, check=False)  # fmt: skip
-        with log.open("a") as f:
-            f.write(f"$ {' '.join(args)}\n{done.stdout}\n{done.stderr}\n")
-        return done
-
-    passed = False
+    compose = Compose([*command, "-p", project, "-f", "compose.yaml"], tmp_path, project)
     try:
-        up = run("up", "-d")
-        assert up.returncode == 0, log.read_text()[-4000:]
-        deadline = time.monotonic() + 900
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get("http://127.0.0.1:8000/ready", timeout=3).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                run("logs", "--tail", "40", timeout=60)
-                pytest.fail("the gateway never became ready:\n" + log.read_text()[-6000:])
-            time.sleep(3)
-        client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none", max_retries=0)
-        answer = client.chat.completions.create(
-            model="auto", messages=[{"role": "user", "content": "Say hi."}], max_tokens=8
-        )
-        assert answer.choices[0].message.content
-        assert answer.model in ("smollm2-135m", "smollm2-135m-fast")
-        tools = httpx.get("http://127.0.0.1:8000/v1/tools", timeout=30)
-        assert tools.status_code == 200, tools.text  # the sandbox container, as sandbox.external
-        passed = True
+        up = compose("up", "-d")
+        assert up.returncode == 0, compose.log()
+        wait_healthy(GATEWAY + "/ready", 900, compose)
+        yield compose
     finally:
-        if not passed:  # the containers' own words, before `down` removes them
-            for service in ("gateway", "sandbox", "vllm-full", "vllm-fast"):
-                logs = run("logs", "--tail", "30", service, timeout=60)
-                print(f"== {service}\n{logs.stdout[-3000:]}\n{logs.stderr[-3000:]}")
-        run("down", "-v", timeout=300)
+        for service in PORTS:  # the containers' own words, before `down` removes them
+            logs = compose("logs", "--tail", "15", service, timeout=60)
+            print(f"== {service}\n{logs.stdout[-2000:]}\n{logs.stderr[-2000:]}")
+        compose("down", "-v", "-t", "10", timeout=300)
+
+
+@dataclass
+class Answered:
+    request_id: str
+    tier: str
+    step_id: str
+
+
+class Load:
+    """Requests sent one after another, each with its own X-Request-Id, until stopped."""
+
+    def __init__(self, client: openai.OpenAI) -> None:
+        self.client, self.answered, self.errors = client, list[Answered](), list[BaseException]()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            request_id = uuid.uuid4().hex  # the client's retries of it send it again
+            try:
+                raw = self.client.chat.completions.with_raw_response.create(
+                    model="auto", messages=[{"role": "user", "content": "Say hi."}],
+                    max_tokens=4, extra_headers={"x-request-id": request_id},
+                )  # fmt: skip
+                answer = raw.parse().choices[0].message.content
+            except openai.OpenAIError as exc:
+                self.errors.append(exc)
+                continue
+            if answer is None or raw.headers["x-request-id"] != request_id:
+                self.errors.append(AssertionError(f"{request_id}: {raw.headers} {answer!r}"))
+                continue
+            self.answered.append(Answered(request_id, raw.headers["x-gearshift-tier"],
+                                          raw.headers["x-gearshift-step-id"]))  # fmt: skip
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=600)
+
+
+def recorded(store: Path, request_ids: set[str]) -> dict[str, list[str]]:
+    """Step ids by request id, once every one of ``request_ids`` is written (or 30 s)."""
+    deadline = time.monotonic() + 30
+    while True:
+        db = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
+        try:
+            rows = db.execute("select request_id, id from steps").fetchall()
+        finally:
+            db.close()
+        found: dict[str, list[str]] = {}
+        for request_id, step_id in rows:
+            found.setdefault(request_id, []).append(step_id)
+        if request_ids <= found.keys() or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
+def test_compose_serves_the_openai_client_through_a_tier_restart(stack: Compose) -> None:
+    client = openai.OpenAI(base_url=GATEWAY + "/v1", api_key="none", max_retries=4, timeout=300)
+    probe = client.chat.completions.with_raw_response.create(
+        model="auto", messages=[{"role": "user", "content": "Say hi."}], max_tokens=8
+    )
+    assert probe.parse().model in ("smollm2-135m", "smollm2-135m-fast")
+    tools = httpx.get(GATEWAY + "/v1/tools", timeout=30)
+    assert tools.status_code == 200, tools.text  # the sandbox container, as sandbox.external
+
+    # restart the tier these requests are routed to, under load
+    tier = probe.headers["x-gearshift-tier"]
+    service = f"vllm-{tier}"
+    with Load(client) as load:
+        restarted = stack("restart", "-t", "5", service, timeout=300)
+        assert restarted.returncode == 0, stack.log()
+        wait_healthy(f"http://127.0.0.1:{PORTS[service]}/health", 600, stack)
+        served_before = len(load.answered)
+        deadline = time.monotonic() + 120  # the gateway finds the tier back
+        while not any(a.tier == tier for a in load.answered[served_before:]):
+            assert time.monotonic() < deadline, f"no request went back to {service}"
+            time.sleep(1)
+
+    assert not load.errors, load.errors[:3]
+    tiers = [a.tier for a in load.answered]
+    assert {"full", "fast"} <= set(tiers), tiers  # fell back while it restarted
+    steps = recorded(stack.store(), {a.request_id for a in load.answered})
+    for a in load.answered:  # every answered request recorded once, as the step it was told
+        assert steps.get(a.request_id) == [a.step_id], (a, steps.get(a.request_id))

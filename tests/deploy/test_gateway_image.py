@@ -5,10 +5,7 @@ SIGTERM. Skipped, with the reason, where this machine cannot build or run contai
 
 from __future__ import annotations
 
-import os
-import shutil
 import sqlite3
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,36 +16,14 @@ import pytest
 import yaml
 
 from bench.stack import StackError, free_port, serve
-from tests.deploy.manifests import DEPLOY, ROOT, VERSION
+from tests.deploy.images import built, podman, runnable
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # e2e: starts vLLM, so it runs last
-IMAGE = f"localhost/gearshift-gateway:{VERSION}"
-ENV = {**os.environ, "CONTAINERS_CONF": str(DEPLOY / "podman" / "containers.conf")}
-
-
-def podman(
-    *args: str, timeout: float = 120, check: bool = True
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["podman", *args], env=ENV, capture_output=True, text=True, timeout=timeout, check=check
-    )
 
 
 @pytest.fixture(scope="module")
 def gateway_image() -> str:
-    missing = [tool for tool in ("podman", "mmdebstrap", "runc") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"cannot build images here: {', '.join(missing)} not installed "
-                    "(Debian: apt-get install podman mmdebstrap runc)")  # fmt: skip
-    build = subprocess.run(
-        [str(ROOT / "scripts" / "build-images.sh"), "--local-base", "gateway"],
-        env=ENV, capture_output=True, text=True, timeout=1800, check=False,
-    )  # fmt: skip
-    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    probe = podman("run", "--rm", "--network", "host", IMAGE, "--help", check=False)
-    if probe.returncode != 0:  # the image built: the host cannot run containers
-        pytest.skip(f"this host cannot run containers: podman run said {probe.stderr.strip()!r}")
-    return IMAGE
+    return runnable(built("gateway"))
 
 
 @pytest.fixture(scope="module")
