@@ -7,11 +7,13 @@ bench.mock_upstream (core 1, with this client) serves two tenants at once: ``pla
 key is in the config file and which has no limits (admission is one dict lookup), and
 ``limited``, whose key is in the store (``gearshift keys create``) and whose key and tenant
 each have requests and tokens per minute and token budgets per day and month (eight
-counters reserved in the ledger and settled per request; none ever refused). Twelve short rounds each run the two
-back to back, in alternating order, so drift in the machine's load hits both alike. For each
-store (SQLite, then PostgreSQL) it reports, at concurrency 1 and 16: CPU-ms per request of
-the gateway and its store, and p50 latency; added = limited minus plain, as the median of the
-rounds' paired differences with the middle half of them (``_q1``, ``_q3``).
+counters reserved in the ledger and settled per request; none ever refused). Short rounds
+(``ROUNDS``: 24 at concurrency 1, where the target is, 8 at 16) each run the two back to
+back, in alternating order, so drift in the machine's load hits both alike. For each store (SQLite, then
+PostgreSQL) it reports, at concurrency 1 and 16: CPU-ms per request of the gateway and its
+store, and p50 latency; added = limited minus plain, as the median of the rounds' paired
+differences with the middle half of them (``_q1``, ``_q3``) and the median's 95% confidence
+interval (``_lo``, ``_hi``: order statistics, no assumption about the noise's shape).
 
 The store's work is counted alike on both stores: SQLite runs in the gateway's process,
 so the gateway's process tree (its recorder and ledger threads) holds it all; the throwaway
@@ -70,8 +72,13 @@ from gateway.store.database import make_engine, prepare_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 CONCURRENCY = (1, 16)
+# per concurrency: rounds and requests per cell. The target is at c=1, so most rounds go
+# there: each cell ends with a TAIL_S wait, so rounds (which narrow the median's interval)
+# are bought with shorter cells; c=16's cells are longer (its p50 is a queue's)
+ROUNDS = {1: (24, 150), 16: (8, 300)}
+QUICK = {1: (2, 100), 16: (2, 100)}
 BIG = 10**12  # limits that admit everything: the cost of checking them, not of refusing
-LIMITS = {"requests_per_minute": 10**9, "tokens_per_minute": 10**9,
+LIMITS: dict[str, int | None] = {"requests_per_minute": 10**9, "tokens_per_minute": 10**9,
           "tokens_per_day": BIG, "tokens_per_month": BIG}  # fmt: skip
 MAX_TOKENS = 32  # bench.loadgen's request
 TAIL_S = IDLE_S + FLUSH_S  # the ledger has flushed and returned the idle shares by then
@@ -87,7 +94,9 @@ def setup_store(url: str) -> tuple[str, str]:
         store_keys.set_limits(conn, "limited", "", LIMITS, 80)
         store_keys.set_limits(conn, "limited", "bench", LIMITS, 80)
         _, burst = store_keys.create(conn, "burst", "bench")
-        budget = {"tokens_per_day": 10 * burst_reserves + burst_reserves // 2}
+        budget: dict[str, int | None] = {
+            "tokens_per_day": 10 * burst_reserves + burst_reserves // 2
+        }
         store_keys.set_limits(conn, "burst", "", budget, 80)
     engine.dispose()
     return limited, burst
@@ -150,15 +159,32 @@ def paired(
     plain: list[dict[str, float]], limited: list[dict[str, float]], key: str
 ) -> dict[str, float]:
     """Added ``key`` from rounds run back to back: the median of the per-round differences
-    (a spike in one round moves one difference, not the figure) and the range of the middle
-    half of them, beside the pooled means."""
+    (a spike in one round moves one difference, not the figure), the range of the middle
+    half of them, and the median's 95% confidence interval (``_lo``, ``_hi``), which, unlike
+    the middle half, narrows as rounds are added."""
     diffs = sorted(b[key] - a[key] for a, b in zip(plain, limited, strict=True))
     n = len(diffs)
+    lo, hi = median_interval(n)
     return {
         "added": statistics.median(diffs),
         "added_q1": diffs[n // 4],
         "added_q3": diffs[min(n - 1, (3 * n) // 4)],
+        "added_lo": diffs[lo],
+        "added_hi": diffs[hi],
     }
+
+
+def median_interval(n: int, confidence: float = 0.95) -> tuple[int, int]:
+    """Indexes (0-based, into ``n`` sorted values) of a distribution-free confidence interval
+    for the median: the order statistics ``k`` and ``n - 1 - k`` with the largest ``k`` whose
+    binomial(n, 1/2) coverage is at least ``confidence`` (with few values: the extremes)."""
+    k = 0
+    while k + 1 < n - 1 - (k + 1):
+        inside = sum(math.comb(n, i) for i in range(k + 2, n - k - 1)) / 2**n
+        if inside < confidence:
+            break
+        k += 1
+    return k, n - 1 - k
 
 
 def measure(
@@ -168,15 +194,19 @@ def measure(
     limited_key, burst_key = setup_store(store)
     # many short rounds rather than a few long ones: each round pairs the two tenants back to
     # back, in alternating order, so a loaded machine's drift cancels in the differences
-    rounds, requests = (2, 150) if quick else (12, 300)
+    plan = QUICK if quick else ROUNDS
     cells: dict[str, dict[int, list[dict[str, float]]]] = {"plain": {}, "limited": {}}
     with gateway(tmp, "a", store, mock, plain_digest) as (proc, url):
         for key in (plain_key, limited_key):  # warm both paths
             cell(proc, url, key, 4, 100, store_pid)
-        for i in range(rounds):
-            for c in CONCURRENCY:
+        most = max(rounds for rounds, _ in plan.values())
+        for i in range(most):
+            for c, (rounds, requests) in plan.items():
+                stride = most // rounds  # fewer rounds: spread over the run, not bunched
+                if i % stride or i // stride >= rounds:
+                    continue
                 order = [("plain", plain_key), ("limited", limited_key)]
-                for who, key in order if i % 2 == 0 else order[::-1]:
+                for who, key in order if (i // stride) % 2 == 0 else order[::-1]:
                     taken = cell(proc, url, key, c, requests, store_pid)
                     cells[who].setdefault(c, []).append(taken)
         with gateway(tmp, "b", store, mock, plain_digest) as (_, other):
@@ -192,8 +222,8 @@ def measure(
                 row[f"{who}_{cpu}"] = sum(r[cpu] * r["n"] for r in runs) / n
             row[f"{who}_p50_ms"] = statistics.median(r["p50_ms"] for r in runs)
         for key in ("cpu_ms", "store_cpu_ms", "p50_ms"):
-            added = paired(cells["plain"][c], cells["limited"][c], key).values()
-            row[f"added_{key}"], row[f"added_{key}_q1"], row[f"added_{key}_q3"] = added
+            for name, value in paired(cells["plain"][c], cells["limited"][c], key).items():
+                row[name.replace("added", f"added_{key}")] = value
         figures[f"c{c}"] = {k: round(v, 4) for k, v in row.items()}
     return figures, burst | {"used": used, "reserved": reserved, "cap": cap}
 
@@ -321,6 +351,7 @@ def main() -> None:
         "added_cpu_ms_per_req": max(r["c1"]["added_cpu_ms"] for r in results.values()),
         "added_p50_ms": max(r["c1"]["added_p50_ms"] for r in results.values()),
         "added_cpu_ms_per_req_iqr": [worst["c1"]["added_cpu_ms_q1"], worst["c1"]["added_cpu_ms_q3"]],
+        "added_cpu_ms_per_req_ci95": [worst["c1"]["added_cpu_ms_lo"], worst["c1"]["added_cpu_ms_hi"]],
         "added_cpu_ms_per_req_c16": max(r["c16"]["added_cpu_ms"] for r in results.values()),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "postgres_server_cpu_counted": "postgresql" in results and args.postgres is None,

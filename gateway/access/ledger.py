@@ -4,13 +4,14 @@ store transaction per turn (``gateway.access.grants``).
 
 A reservation its shares cover is taken under a lock, in the event loop: no store call;
 a take that leaves a share running low (half a block left, far from the cap) also queues a
-refill, so that the thread tops the share up before a request has to wait for it. One that
-they do not cover is queued for the ledger's thread, which owns a connection to the store.
-Each turn it takes everything queued (every request that missed while the last transaction
-ran), adds the flush that is due, and applies it all in one transaction. Without misses, a
-flush runs every ``flush_s``; it also renews the leases (``lease_s``): a replica that dies
-holding a lease under-admits only until the lease ends, when a reservation that would be
-refused takes it back.
+refill, so that the thread tops the share up before a request has to wait for it; a refill
+asks for blocks as big as the rate the share is spent at needs (``Share.rescale``). A
+reservation they do not cover is queued for the ledger's thread, which owns a connection to
+the store. Each turn it takes everything queued (every request that missed while the last
+transaction ran), adds the flush that is due, and applies it all in one transaction.
+Without misses, a flush runs every ``flush_s``; it also renews the leases (``lease_s``): a
+replica that dies holding a lease under-admits only until the lease ends, when a
+reservation that would be refused takes it back.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class Ledger:
                 s.held += amount
                 s.last = now
                 totals.append(s.seen - s.free)  # Share.total(), inlined: the hot path
-                if not s.exact and not s.refilling and running_low(s.free, amount):
+                if not s.exact and not s.refilling and running_low(s.free, amount * s.scale):
                     s.refilling = True
                     low = [item] if low is None else [*low, item]
         if low is not None:
@@ -177,15 +178,17 @@ class Ledger:
                     op.local.append((counter.key, part))
                 if part < amount:
                     op.need.append((counter, amount - part))
-                elif s is not None and running_low(s.free, amount):
-                    op.low.append((counter, amount))  # refilled in the same transaction
+                elif s is not None and running_low(s.free, amount * s.scale):
+                    # refilled in the same transaction
+                    op.low.append((counter, amount * s.rescale(now)))
         return moves, base
 
     def _apply(self, ops: list[Reserve], refills: Taken, closing: bool) -> None:
         with self._lock:
             moves, base = self._plan(ops, closing)
             # closing gives every free part back: no refill then
-            wanted = [] if closing else [(c, n) for c, n in refills if self._still_low(c.key, n)]
+            covered = {c.key for op in ops for c, _ in op.low}  # topped up with their op
+            wanted = [] if closing else self._wanted(refills, covered)
         turn = Turn([op for op in ops if op.need], wanted, moves, base)
         outcome, error = None, None
         if turn.ops or wanted or moves:
@@ -217,11 +220,17 @@ class Ledger:
         if error is not None:
             log.error("usage ledger: %d reservations failed: %s", len(ops), error)
 
-    def _still_low(self, key: Key, amount: int) -> bool:
-        """Whether a share a take left low still is (a miss's transaction may have topped
-        it up since) and still leased."""
-        s = self._shares.get(key)
-        return s is not None and running_low(s.free, amount) and bool(s.leased)
+    def _wanted(self, refills: Taken, covered: set[Key]) -> Taken:
+        """Under the lock: the refills to ask for, each sized to its share's rate, of the
+        shares a take left low that still are (a miss's transaction may have topped them
+        up since) and are still leased."""
+        now, out = time.monotonic(), []
+        for counter, amount in refills:
+            s = self._shares.get(counter.key)
+            low = s is not None and s.leased and running_low(s.free, amount * s.scale)
+            if low and s is not None and counter.key not in covered:
+                out.append((counter, amount * s.rescale(now)))
+        return out
 
     def _commit(self, outcome: Outcome) -> None:
         now = time.monotonic()

@@ -26,6 +26,8 @@ BLOCK_REQUESTS = 64  # a block is this many of the asking request's reservations
 CAP_SHARE = 64  # at most this fraction of the cap,
 EDGE_BLOCKS = 4  # and is granted only while this many blocks more still fit under the cap
 IDLE_S = 1.0  # a share with no take for this long gives its free part back
+RATE_S = 1.0  # a share refilled again within this long has its blocks doubled,
+MAX_SCALE = 16  # up to this many times; one refilled after twice as long, halved
 
 
 @dataclass(slots=True)
@@ -39,6 +41,20 @@ class Share:
     usable_until: float = 0.0  # monotonic: past it, takes go to the store (which renews)
     renew_at: float = 0.0  # monotonic: when the flush renews the lease
     refilling: bool = False  # a refill of ``free`` is queued for the ledger's thread
+    scale: int = 1  # refills ask for blocks this many times the usual (``rescale``)
+    refilled: float = 0.0  # monotonic: the last refill asked for
+
+    def rescale(self, now: float) -> int:
+        """Size the refill asked for at ``now`` to the rate the share is spent at: a block
+        spent within ``RATE_S`` doubles the next (at c=16 a block of 64 lasts ~0.2 s, less
+        than a refill that waits for SQLite's write lock behind the recorder), a slow one
+        halves it. The cap still bounds a block (``grant``): near it, none is granted."""
+        since, self.refilled = now - self.refilled, now
+        if since < RATE_S:
+            self.scale = min(MAX_SCALE, 2 * self.scale)
+        elif since >= 2 * RATE_S:
+            self.scale = max(1, self.scale // 2)
+        return self.scale
 
     @property
     def leased(self) -> int:

@@ -127,6 +127,30 @@ def test_a_share_running_low_is_refilled_before_a_request_waits(store_url: str):
     assert rows(store_url) == {("", "tokens"): (151 * 50, 0), ("", "requests"): (151, 0)}
 
 
+def test_a_share_spent_fast_is_refilled_in_bigger_blocks(store_url: str):
+    upgrade(store_url)
+    minute = Counter("t", "", "2026-12-02T00:25", "requests", 10**6)
+    items = [(minute, 1)]
+
+    async def scenario() -> int:
+        ledger = Ledger(store_url, flush_s=60)  # no flush: each transaction is a grant
+        try:
+            for _ in range(1000):  # fast: the thread refills while the loop yields
+                if ledger.take(items) is None:  # a miss waits for a transaction
+                    assert isinstance(await ledger.reserve(items), list)
+                await asyncio.sleep(0)
+            ledger.settle([(minute, 1, 1)] * 1000)
+            return ledger.transactions
+        finally:
+            ledger.close()
+
+    transactions = asyncio.run(scenario())
+    # blocks of 64 take 1000 / 64 = 15 transactions or more (misses add theirs); doubling
+    # blocks, about half that
+    assert transactions < 1000 // 64, transactions
+    assert rows(store_url) == {("", "requests"): (1000, 0)}
+
+
 def test_two_replicas_admit_exactly_up_to_the_cap(store_url: str):
     upgrade(store_url)
     cap = 20_000  # blocks while far from it, one reservation at a time near it
