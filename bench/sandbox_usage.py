@@ -95,13 +95,15 @@ async def run(quick: bool) -> dict[str, object]:
         sessions: dict[str, tuple[Arm, WarmPython | None]] = {}
         for arm in ("before", "kernel"):
             call = ToolCall(principal=WHO, session_id=arm, arguments=ARGS, create_session=True)
-            for _ in range(3):  # its runner, then a call whose child was moved
-                await sandbox.call("run_python", call)
+            await sandbox.call("run_python", call)
             warm = sandbox.sessions[arm].warm
             assert warm is not None and warm.calls is not None, "no call cgroup on this host"
-            if arm == "before":
-                warm.calls.close()
-                warm.calls = None
+            if arm == "before":  # its runner again, as with sandbox.kernel_usage off
+                await warm.stop()
+                warm.kernel_usage = False
+            for _ in range(2):  # its runner, then a call whose child was moved
+                await sandbox.call("run_python", call)
+            assert (warm.calls is not None) == (arm == "kernel")
             sessions[arm] = (functools.partial(sandbox.call, "run_python", call), warm)
         usage = await alternate(sessions, rounds, block)
         direct, warm = sessions["kernel"]

@@ -148,7 +148,7 @@ class SandboxConfig(Section):
         default=False,
         description="a warm call's CPU and memory from the kernel (a call cgroup per session: "
         "processes the call forks and never waits for are charged) instead of the forked "
-        "child's own report; costs about 0.6 CPU-ms and 2 ms per warm call on 2 cores "
+        "child's own report; costs about 0.4-0.5 CPU-ms and 2-3 ms per warm call on 2 cores "
         "(docs/decisions/sandbox-warm-usage.md)",
     )
     pool: int = Field(

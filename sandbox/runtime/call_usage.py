@@ -4,11 +4,15 @@ A warm session's cgroup (``Cgroup(nested=True)``) holds the launch chain — bub
 outside, bubblewrap as the sandbox's process 1, the resident runner — and the child the
 runner forked ahead for the next call (``warm_runner``). This module makes, once per
 session, a child cgroup ``call`` of it (v1: in the memory and cpuacct hierarchies; v2: one
-directory, beside the ``runner`` leaf). After each answer (and at the runner's start) the
-service moves the next waiting child into it — the only member of the session's cgroup
-outside the chain — in a thread, off the call's path: a move waits for an RCU grace
-period in the kernel (0.2 ms quiet, several ms on a loaded host), which must block
-neither the event loop nor the call. At the call it zeroes the call cgroup's memory
+directory, beside the ``runner`` leaf). The runner announces each child it forks (a
+frame with the child's pid, right after the fork: at its start and after each answer), and
+the service moves that child into the call cgroup — it is the only member of the session's
+cgroup outside the chain, or the one with that pid in the sandbox while the previous
+call's child is still exiting — in a thread, off the call's path and without polling: a
+move waits for an RCU grace period in the kernel (0.2 ms quiet, several ms on a loaded
+host), which must block neither the event loop nor the call. The child cannot run the call
+before the move: it waits for its request, which the service sends after it. At the call
+the service zeroes the call cgroup's memory
 high-water mark and reads its CPU counter; after the answer it reads both again.
 Everything the call's code starts is forked from the child and lands in the call cgroup
 too, so a process it forks and never waits for is charged, which the child's own
@@ -19,21 +23,21 @@ are: the call cgroup sets none, the session's apply to its whole subtree.
 ``memory_peak_mb`` is what the call's processes charged beyond the pages they share with
 the runner (on v2, the peak can be reset per call only on a kernel with per-descriptor
 ``memory.peak``, 6.12 and later; elsewhere memory is the child's own report). A call
-whose child was not moved in time (the runner still starting, a move not done after
-``WAIT_FOR_MOVE_S``) keeps the child's own report.
+whose child was not moved in time (a move not done ``WAIT_FOR_MOVE_S`` after the call
+came) keeps the child's own report.
 
 Cost on a call's path (v1): one reset, three counter reads and one OOM count, on
-descriptors kept open; the move (a look at the session's ``cgroup.procs`` every
-millisecond until the child is there, two ``cgroup.procs`` writes) runs between calls.
+descriptors kept open; the move (one read of the session's ``cgroup.procs``, two
+``cgroup.procs`` writes, one hand-off to a thread) runs between calls.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import os
 import threading
-import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from sandbox.runtime.base import RuntimeUnavailable
@@ -41,9 +45,14 @@ from sandbox.runtime.cgroups import Cgroup
 
 CALL = "call"
 CHAIN_LINKS = 3  # outer bubblewrap, bubblewrap as process 1, the runner
-FIND_CHILD_S = 30.0  # the runner's start (a fork after an answer takes a millisecond)
-LOOK_S = 0.001  # forking the runner takes about that, quiet
 WAIT_FOR_MOVE_S = 0.1  # a call waits no longer for its child's move (0.2-20 ms)
+MOVERS = 4  # threads making moves, for all sessions: each mostly waits in the kernel
+
+
+@functools.cache
+def _movers() -> ThreadPoolExecutor:
+    """The threads that move children (made on first use, one set per process)."""
+    return ThreadPoolExecutor(MOVERS, thread_name_prefix="gearshift-call-cgroup")
 
 
 def _ppid(pid: int) -> int | None:
@@ -52,6 +61,18 @@ def _ppid(pid: int) -> int | None:
             return int(f.read().rsplit(b")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def _innermost_pid(pid: int) -> int | None:
+    """``pid``'s pid in its own (the sandbox's) pid namespace."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _pids(path: Path) -> list[int]:
@@ -64,8 +85,8 @@ def _pids(path: Path) -> list[int]:
 
 
 class CallCgroup:
-    """The call cgroup of one warm session; ``prepare`` after an answer (or the runner's
-    start), ``admit`` before a call, ``usage`` after it, ``close`` with the session.
+    """The call cgroup of one warm session; ``move`` each child the runner announces (in a
+    thread), ``begin`` before its call, ``usage`` after it, ``close`` with the session.
     Its counters stay open: a ``pread`` costs a microsecond, a ``read_text`` twenty."""
 
     def __init__(self, session: Cgroup) -> None:
@@ -94,10 +115,9 @@ class CallCgroup:
             raise RuntimeUnavailable(f"cannot set up a call cgroup: {exc}") from exc
         self._peak = self._open_peak()
         self.chain: set[int] | None = None
+        self.moved: int | None = None  # the last child moved in (host pid)
         self.cpu_before: float | None = None
         self.peak_reset = False
-        self._moving: asyncio.Task[bool] | None = None  # the next child's move
-        self._late: set[asyncio.Task[bool]] = set()  # moves a call did not wait for
 
     def _open(self, path: Path, flags: int = os.O_RDONLY) -> int:
         fd = os.open(path, flags | os.O_CLOEXEC)
@@ -124,76 +144,50 @@ class CallCgroup:
             chain |= {p for p, parent in parents.items() if parent in chain}
         return chain if len(chain) == CHAIN_LINKS else None
 
-    def _waiting_child(self, launcher: int) -> int | None:
+    def _host_pid(self, launcher: int, child: int) -> int | None:
+        """The host pid of the runner's child ``child`` (its pid in the sandbox): the one
+        member of the session's cgroup outside the chain but the previous child moved (it
+        may still be exiting), or, among several, the one whose innermost pid is ``child``.
+        Only a member of this session's cgroup is ever returned, whatever ``child`` says."""
         try:
             members = _pids(self.session.members_file())
         except (OSError, ValueError):
             return None
         if self.chain is None:
             self.chain = self._find_chain(launcher, members)
-            if self.chain is None:  # the runner is still starting
+            if self.chain is None:
                 return None
-        others = [p for p in members if p not in self.chain]
+        others = [p for p in members if p not in self.chain and p != self.moved]
+        if len(others) > 1:
+            others = [p for p in others if _innermost_pid(p) == child]
         return others[0] if len(others) == 1 else None
 
-    def prepare(self, launcher: int) -> None:
-        """Start moving the runner's next waiting child (the chain starts at ``launcher``)
-        into the call cgroup, in the background."""
-        self._cancel()
-        self._moving = asyncio.get_running_loop().create_task(self._move(launcher))
+    def move_soon(self, launcher: int, child: int) -> Future[bool]:
+        """``move`` in a mover thread; its outcome, when it has one."""
+        return _movers().submit(self.move, launcher, child)
 
-    async def _move(self, launcher: int) -> bool:
-        # In a thread, which looks every LOOK_S for as long as a call may wait for the move
-        # and moves the child it finds: one hand-off per call, no timers on the loop.
-        found = await asyncio.to_thread(self._find_and_join, launcher, WAIT_FOR_MOVE_S)
-        if found is not None:
-            return found
-        loop = asyncio.get_running_loop()  # a runner that is starting: look less often
-        deadline = loop.time() + FIND_CHILD_S
-        while loop.time() < deadline:
-            await asyncio.sleep(0.05)
-            if (child := self._waiting_child(launcher)) is not None:
-                return await asyncio.to_thread(self._join, child)
-        return False
-
-    def _find_and_join(self, launcher: int, within_s: float) -> bool | None:
-        """(In a thread.) Whether the child was moved; None when none turned up in time."""
-        deadline = time.monotonic() + within_s
-        while not self._closed:
-            time.sleep(LOOK_S)  # the runner forks after its answer: not there yet
-            if (child := self._waiting_child(launcher)) is not None:
-                return self._join(child)
-            if time.monotonic() >= deadline:
-                return None
-        return False
-
-    def _join(self, child: int) -> bool:
+    def move(self, launcher: int, child: int) -> bool:
+        """(In a thread: a ``cgroup.procs`` write waits for an RCU grace period.) Move the
+        runner's child that it announced as ``child`` (the chain starts at ``launcher``)
+        into the call cgroup; whether it was moved."""
+        host_pid = self._host_pid(launcher, child)
+        if host_pid is None:
+            return False
         with self._lock:  # never a write to a descriptor ``close`` closed (and reused)
             if self._closed:
                 return False
             try:
                 for fd in self._joins:
-                    os.write(fd, b"%d" % child)
+                    os.write(fd, b"%d" % host_pid)
             except OSError:  # it died meanwhile (an OOM kill)
                 return False
+            self.moved = host_pid
             return True
 
-    async def admit(self) -> bool:
-        """Take the counters' starting points for the call about to be sent, once its
-        child is in the call cgroup. False (the call's usage is then the child's own
-        report) when the move did not happen or did not end in time."""
-        task, self._moving = self._moving, None
-        self.cpu_before = None
-        if task is None:
-            return False
-        if not task.done():
-            await asyncio.wait({task}, timeout=WAIT_FOR_MOVE_S)
-        if not task.done():  # let it end (or fail) on its own; this call is not counted
-            self._late.add(task)
-            task.add_done_callback(self._late.discard)
-            return False
-        if task.cancelled() or task.exception() is not None or not task.result():
-            return False
+    def begin(self) -> bool:
+        """Take the counters' starting points for the call about to be sent, whose child
+        was moved into the call cgroup. False when they cannot be read (the call's usage
+        is then the child's own report)."""
         self.peak_reset = self._reset_peak()
         self.cpu_before = self._cpu_s()
         return self.cpu_before is not None
@@ -247,15 +241,9 @@ class CallCgroup:
         self.cpu_before = None
         return out
 
-    def _cancel(self) -> None:
-        if self._moving is not None:
-            self._moving.cancel()
-            self._moving = None
-
     def close(self) -> None:
-        """Stop a move in progress and close the files; the directories go with the
-        session's cgroup."""
-        self._cancel()
+        """Close the files (a move in progress then moves nothing); the directories go
+        with the session's cgroup."""
         with self._lock:
             self._closed = True
             for fd in self._fds:

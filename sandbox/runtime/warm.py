@@ -20,6 +20,7 @@ import contextlib
 import struct
 import time
 import uuid
+from concurrent.futures import Future
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -30,7 +31,7 @@ from sandbox.policy import ResourceClass
 from sandbox.runtime import seccomp
 from sandbox.runtime.base import TRUNCATED, ProcessResult, RuntimeUnavailable, launch
 from sandbox.runtime.bwrap import BwrapRuntime
-from sandbox.runtime.call_usage import CallCgroup
+from sandbox.runtime.call_usage import WAIT_FOR_MOVE_S, CallCgroup
 from sandbox.runtime.cgroups import Cgroup
 
 SOURCE = resources.files("sandbox.runtime").joinpath("warm_runner.py").read_text()
@@ -53,6 +54,10 @@ class WarmPython:
         self.kernel_usage = kernel_usage  # sandbox.kernel_usage: make the call cgroup
         self.ooms = 0  # the cgroup's OOM kills as last read: one read per call, after it
         self.lock = asyncio.Lock()
+        # The runner's announcement of its next child, read; then that child's move, in a
+        # mover thread (``call_usage``): its result is True once the child was moved.
+        self._forked: asyncio.Task[Future[bool] | None] | None = None
+        self._announces = False  # the runner announces its children (it has a call cgroup)
 
     async def _start(self) -> None:
         session_limits = replace(self.limits, cpu_s=UNLIMITED_CPU)
@@ -64,14 +69,50 @@ class WarmPython:
                 self.calls = CallCgroup(self.cg)
         with seccomp.filter_file() as bpf:
             argv = ["/usr/bin/python3", "-I", "-c", SOURCE]
+            self._announces = self.calls is not None  # which child to move into it
+            if self._announces:
+                argv.append("announce")
             cmd = self.runtime.command(argv, self.workspace, session_limits, self.cg, bpf.fileno())
             # The runner's environment and descriptors are the cold chain's (``launch``); its
             # stderr goes nowhere, each call's child gets pipes of its own.
             self.proc = await launch(
                 cmd, pass_fds=[bpf.fileno()], stderr=asyncio.subprocess.DEVNULL
             )
-        if self.calls is not None:
-            self.calls.prepare(self.proc.pid)  # its first child, once it is up
+        self._follow_fork()  # its first child, once it is up
+
+    def _follow_fork(self) -> None:
+        """Read the runner's announcement of the child it forks next and move that child
+        into the call cgroup, in the background (the runner forks after each answer)."""
+        if not self._announces:
+            return
+        self._forked = asyncio.get_running_loop().create_task(self._next_child())
+
+    async def _next_child(self) -> Future[bool] | None:
+        proc, calls = self.proc, self.calls
+        assert proc is not None and proc.stdout is not None
+        child = (await self._read(proc.stdout)).get("forked")
+        if calls is None or not isinstance(child, int):
+            return None
+        # Handed to a mover thread without waiting for it here: the event loop learns the
+        # outcome when the call asks (most often done by then: no wake-up for it).
+        return calls.move_soon(proc.pid, child)
+
+    async def _admit(self) -> bool:
+        """Wait until the next child's announcement was read (the stream is then the
+        call's), and at most ``WAIT_FOR_MOVE_S`` for its move. Whether the call is counted
+        in the call cgroup (else its usage is the child's own report: a move that ends
+        later moves a child that is already running the call)."""
+        task, self._forked = self._forked, None
+        if task is None:
+            return False
+        moving = await task  # written right after the fork: at once, or at the runner's start
+        if moving is None:
+            return False
+        if not moving.done():
+            await asyncio.wait({asyncio.wrap_future(moving)}, timeout=WAIT_FOR_MOVE_S)
+            if not moving.done():
+                return False
+        return moving.result() and self.calls is not None and self.calls.begin()
 
     async def prestart(self, timeout_s: float = 30.0) -> bool:
         """Start the runner and wait until it answers (a pool's spare, before any call).
@@ -80,6 +121,9 @@ class WarmPython:
             await self._start()
             try:
                 async with asyncio.timeout(timeout_s):
+                    if self._forked is not None:  # its first child's announcement
+                        await asyncio.wait({self._forked})
+                        self._forked.result()
                     reply = await self._exchange(orjson.dumps({"ping": True}))
                 if reply.get("pong") is True:
                     return True
@@ -97,9 +141,13 @@ class WarmPython:
         assert self.proc.stdout is not None
         self.proc.stdin.write(HEADER.pack(len(body)) + body)
         await self.proc.stdin.drain()
-        (size,) = HEADER.unpack(await self.proc.stdout.readexactly(HEADER.size))
-        reply: dict[str, object] = orjson.loads(await self.proc.stdout.readexactly(size))
-        return reply
+        return await self._read(self.proc.stdout)
+
+    @staticmethod
+    async def _read(stream: asyncio.StreamReader) -> dict[str, object]:
+        (size,) = HEADER.unpack(await stream.readexactly(HEADER.size))
+        frame: dict[str, object] = orjson.loads(await stream.readexactly(size))
+        return frame
 
     async def run(
         self, code: str, stdin: bytes, limits: ResourceClass, argv: list[str] | None = None
@@ -114,10 +162,10 @@ class WarmPython:
             request = {"code": code, "argv": argv, "stdin": stdin.decode("latin-1"),
                        "cpu_s": limits.cpu_s, "wall_s": limits.wall_s,
                        "output_bytes": limits.output_bytes}  # fmt: skip
-            counted = self.calls is not None and await self.calls.admit()
             started = time.perf_counter()
             try:
                 async with asyncio.timeout(limits.wall_s + 5):
+                    counted = await self._admit()
                     reply = await self._exchange(orjson.dumps(request))
             except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
                 # The runner itself died (OOM, a call killed it) or hung: start over next time.
@@ -130,10 +178,9 @@ class WarmPython:
                 )  # fmt: skip
             self.ooms = self._oom_kills()
             result = self._result(reply, limits, self.ooms > oom_before)
-            if self.calls is not None:
-                if counted:
-                    result.usage = self._kernel_usage(result.usage, self.calls.usage())
-                self.calls.prepare(self.proc.pid)  # the runner forks the next child now
+            if counted and self.calls is not None:
+                result.usage = self._kernel_usage(result.usage, self.calls.usage())
+            self._follow_fork()  # the runner forks the next child now
             return result
 
     def _oom_kills(self) -> int:
@@ -174,6 +221,11 @@ class WarmPython:
     async def stop(self) -> None:
         proc, cg = self.proc, self.cg
         self.proc = self.cg = None
+        if (task := self._forked) is not None:
+            self._forked = None
+            task.cancel()
+            if task.done() and not task.cancelled():
+                task.exception()  # the runner's end, seen: its stream closed
         if self.calls is not None:
             self.calls.close()
             self.calls = None

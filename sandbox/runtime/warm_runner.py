@@ -12,7 +12,10 @@ its exit status: code that forges it misreports only itself. A child that dies o
 
 Protocol on fds 0/1: 4-byte big-endian length + JSON, one request and one reply per call.
 A request runs ``code`` in the child, or execs ``argv`` (an absolute path first) there;
-``{"ping": true}`` is answered ``{"pong": true}`` without a child.
+``{"ping": true}`` is answered ``{"pong": true}`` without a child. Started with the argument
+``announce``, the runner announces each call's child as ``{"forked": pid}`` (its pid here)
+right after forking it, at its start and after each reply, so that the service can move it
+into the session's call cgroup before sending its request (``call_usage``).
 The file is read by the service and passed as ``python3 -I -c SOURCE``: it imports only
 the standard library.
 """
@@ -90,6 +93,11 @@ def _waiting_child(ctl_r: int, i_r: int, o_w: int, e_w: int, r_w: int) -> None:
     if not raw:  # the runner went away before a call came
         os._exit(0)
     _child(json.loads(raw))
+
+
+def _send(body: dict[str, Any]) -> None:
+    data = json.dumps(body).encode()
+    _write_all(1, struct.pack(">I", len(data)) + data)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -243,13 +251,15 @@ def serve() -> None:
         sys.exit("warm_runner: refusing to run outside the sandbox (it kills what it sees)")
     _no_peeking()
     gc.freeze()  # what exists now is never collected: fewer pages copied in each child
+    announce = sys.argv[1:] == ["announce"]
     pending = _prefork()
+    if announce:
+        _send({"forked": pending[0]})
     while True:
         (size,) = struct.unpack(">I", _read_exact(0, 4))
         req = json.loads(_read_exact(0, size))
         if req.get("ping"):  # the service asks whether the runner is up (a pool's spare)
-            body = json.dumps({"pong": True}).encode()
-            os.write(1, struct.pack(">I", len(body)) + body)
+            _send({"pong": True})
             continue
         started = time.monotonic()
         pid, ctl_w, i_w, o_r, e_r, r_r = pending
@@ -275,9 +285,10 @@ def serve() -> None:
             "duration_ms": (time.monotonic() - started) * 1000,
             "usage": usage,
         }
-        body = json.dumps(reply).encode()
-        os.write(1, struct.pack(">I", len(body)) + body)
+        _send(reply)
         pending = _prefork()  # while the service handles the reply
+        if announce:
+            _send({"forked": pending[0]})
         with contextlib.suppress(ChildProcessError):  # reaped already, unless it reported
             os.waitpid(pid, 0)  # killed by the sweep: its exit is ending meanwhile
 

@@ -33,7 +33,8 @@ async def test_cpu_of_a_forked_process_the_call_never_waited_for_is_charged(
     sandbox = Sandbox(config.model_copy(update={"warm": True, "pool": 0, "kernel_usage": True}))
     h = Harness(sandbox, "warm")
     try:
-        await h.py("print(1)")  # the runner starts
+        first = await h.py("print(1)")  # the runner starts, and announces its first child
+        assert "reported_cpu_s" in first.usage, first.usage  # counted: moved before the call
         r = await h.py(FORK_AND_BURN)
         assert (r.exit_status, r.stdout) == (0, "done\n"), r
         assert r.usage["cpu_s"] >= 0.28, r.usage  # the kernel's: the grandchild included
