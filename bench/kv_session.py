@@ -14,6 +14,9 @@ request holds after its prefill, off / on: how many more such requests a fixed p
 at once, from the blocks, not from a concurrent run) and ``time_ratio`` (time per step,
 on / off).
 
+``--trigger watermark`` runs concurrent sessions in a KV pool too small for them all,
+compaction off vs the watermark trigger (``bench.kv_pressure``).
+
 ``--on URL --off URL`` (gateway URLs) with ``--on-engine``/``--off-engine`` (the full
 tier's vLLM server) run the session on stacks already serving, as the end-to-end test's
 ``--quick`` run does. Compacted blocks never enter the prefix cache, so with compaction on
@@ -209,22 +212,67 @@ def stack(compaction: dict[str, str]) -> Iterator[tuple[str, str]]:
         yield s.url, s.full_url
 
 
-def main(argv: list[str] | None = None) -> None:
+def arguments(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="2 steps of a short session, 3 requests")
-    p.add_argument("--steps", type=int, default=6)
     p.add_argument(
-        "--lines", type=int, default=40, help="history lines added per step (~25 tokens each)"
-    )
+        "--quick", action="store_true",
+        help="prompt: 2 short steps; watermark: 2 sessions, one round (two stack starts)",
+    )  # fmt: skip
+    p.add_argument("--steps", type=int, help="default: 6 (prompt), 2 (watermark)")
+    p.add_argument(
+        "--lines", type=int, help="history lines added per step (~25 tokens each); default: "
+        "40 (prompt), 10 (watermark: the first session's, the others more)",
+    )  # fmt: skip
     p.add_argument("--budget", default="0.5")
-    p.add_argument("--trigger", default="1024", help="compact prompts longer than this")
+    p.add_argument(
+        "--trigger", choices=("prompt", "watermark"), default="prompt",
+        help="prompt: one session, compacted after each prefill; watermark: concurrent "
+        "sessions in a small KV pool (bench.kv_pressure)",
+    )  # fmt: skip
+    p.add_argument(
+        "--trigger-tokens", type=int, help="compact prompts longer; default: 1024, 256 (watermark)"
+    )
     p.add_argument("--on", help="gateway URL of a running stack with compaction on")
     p.add_argument("--on-engine", help="its full tier's vLLM server URL")
     p.add_argument("--off", help="gateway URL of a running stack with compaction off")
     p.add_argument("--off-engine", help="its full tier's vLLM server URL")
-    args = p.parse_args(argv)
+    w = p.add_argument_group("watermark trigger")
+    w.add_argument("--sessions", type=int, default=3, help="sessions running at once")
+    w.add_argument("--pool-blocks", type=int, default=11, help="KV pool of the full tier")
+    w.add_argument("--max-tokens", type=int, default=24, help="tokens decoded per step")
+    w.add_argument("--rounds", type=int, default=2, help="off, on pairs, alternating")
+    return p.parse_args(argv)
+
+
+def main_watermark(args: argparse.Namespace) -> None:
+    from bench.kv_pressure import Shape
+    from bench.kv_pressure import main as pressure
+
+    if args.on or args.off:
+        raise SystemExit("--trigger watermark starts its own stacks (its KV pool is sized)")
+    shape = Shape(
+        sessions=2 if args.quick else args.sessions,
+        steps=2 if args.quick else args.steps or 2,
+        lines=10 if args.quick else args.lines or 10,
+        pool_blocks=10 if args.quick else args.pool_blocks,
+        max_tokens=16 if args.quick else args.max_tokens,
+        trigger_tokens=256 if args.quick else args.trigger_tokens or 256,
+        budget=args.budget,
+    )
+    rounds, result = pressure(shape, 1 if args.quick else args.rounds)
+    print(json.dumps({"rounds": rounds}))
+    print(json.dumps(result))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = arguments(argv)
+    if args.trigger == "watermark":
+        main_watermark(args)
+        return
     # quick: the last step asks about the early fact only (the prefill is the cost)
-    steps, lines, last = (2, 24, 1) if args.quick else (args.steps, args.lines, len(FACTS))
+    steps, lines, last = (
+        (2, 24, 1) if args.quick else (args.steps or 6, args.lines or 40, len(FACTS))
+    )
     prompts = session_prompts(steps, lines, last)
     if args.on and args.off:
         print("compaction off (running stack)", flush=True)
@@ -236,9 +284,11 @@ def main(argv: list[str] | None = None) -> None:
         with stack({"enabled": "false"}) as (url, engine):
             off = run_session(url, engine, prompts, last)
         print(f"compaction on (budget {args.budget}): starting the stack", flush=True)
-        with stack({"enabled": "true", "budget": args.budget, "trigger_tokens": args.trigger}) as (
-            url, engine,
-        ):  # fmt: skip
+        compaction = {
+            "enabled": "true", "budget": args.budget,
+            "trigger_tokens": str(args.trigger_tokens or 1024),
+        }  # fmt: skip
+        with stack(compaction) as (url, engine):
             on = run_session(url, engine, prompts, last)
     result = {"steps": steps, "budget": args.budget, **compare(off, on)}
     print(json.dumps({"off": off, "on": on}))

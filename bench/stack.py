@@ -34,6 +34,7 @@ class Stack:
     fast_url: str  # the fast tier's vLLM server
     log_path: Path
     env: Mapping[str, str]  # what ``gearshift serve`` was started with
+    pid: int = 0  # gearshift serve's (its vLLM servers are its children)
 
 
 def free_port() -> int:
@@ -91,6 +92,7 @@ def serve(
             f"http://127.0.0.1:{full_env['GEARSHIFT_EMBEDDED__FAST_PORT']}",
             log_path,
             full_env,
+            proc.pid,
         )
     finally:
         _stop(proc)

@@ -23,7 +23,8 @@ its window's queries; later, in any step that leaves the pool's usage at ``high_
 or above, the scheduler compacts the running requests of that step that have them, longest
 first, until the usage is under ``low_watermark``. Such a request keeps ``kept_tokens`` of
 its prompt and every token decoded since (``CompactionRecord.cached_tokens`` says how many
-tokens its cache held then).
+tokens its cache held then). One preempted before that keeps its queries, and can be
+compacted once it runs again on its recomputed cache.
 """
 
 from __future__ import annotations
@@ -300,13 +301,21 @@ class _CompactionMixin:
     def _preempt_request(self, request: Request, *args: Any, **kwargs: Any) -> None:
         # recomputed from its tokens with a full cache: its blocks are all freed here
         super()._preempt_request(request, *args, **kwargs)  # type: ignore[misc]
-        self._kv_stashed.discard(request.request_id)  # the worker drops the queries too
-        if self.kv_evicted.pop(request.request_id, None) is not None:
-            self.kv_records[request.request_id].recomputed = True
+        req_id = request.request_id
+        if self.kv_evicted.pop(req_id, None) is not None:
+            self.kv_records[req_id].recomputed = True
             log.info(
                 "KV compaction: compacted request %s preempted; it recomputes with a full cache",
-                request.request_id,
+                req_id,
             )
+        elif req_id in self._kv_stashed:
+            # its window's queries stay valid (the recomputed cache holds the same keys at
+            # the same positions): the worker keeps them and the watermark may compact it
+            # once it runs again
+            log.info(
+                "KV compaction: preempted request %s was not compacted yet; it can be "
+                "compacted when it resumes", req_id,
+            )  # fmt: skip
 
     def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         """vLLM's, with the request's compaction record added to its kv_transfer_params

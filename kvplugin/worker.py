@@ -8,7 +8,7 @@ Installed on vLLM's CPU model runner and CPU attention backend by ``kvplugin.reg
   the post-RoPE queries of the last ``window`` prompt tokens of those requests
   (``[window, q_heads, head_dim]`` per layer and request); the runner keeps them until the
   request is compacted (in the same step for the prompt trigger, in a later one for the
-  watermark trigger), finishes or is preempted;
+  watermark trigger, maybe after a preemption) or finishes;
 * ``CPUModelRunner.execute_model``: after the forward has written the step's keys and
   values, each ordered request is compacted (``kvplugin.compact``: the prompt is scored
   and selected, tokens decoded after it are kept) in place, or gathered into the fresh
@@ -93,10 +93,13 @@ def execute_model(original: Any, config: CompactionConfig) -> Any:
     def run(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         global _STEP
         evicted, stash = _runner_state(self), _stashed(self)
-        preempted = getattr(scheduler_output, "preempted_req_ids", None) or ()
-        for req_id in (*scheduler_output.finished_req_ids, *preempted):
+        for req_id in scheduler_output.finished_req_ids:
             evicted.pop(req_id, None)
             stash.pop(req_id, None)
+        # a preempted request is recomputed whole: its keys come back at the same positions,
+        # so window queries kept for a compaction it has not had yet stay valid
+        for req_id in getattr(scheduler_output, "preempted_req_ids", None) or ():
+            evicted.pop(req_id, None)
         _install_slot_shift(self)
         orders = getattr(scheduler_output, ORDERS_ATTR, None) or {}
         capture = set(getattr(scheduler_output, STASH_ATTR, None) or ())

@@ -58,6 +58,17 @@ WATERMARK = {
     "compaction": {"trigger": "watermark", "trigger_tokens": 150, "budget": 64,
                    "high_watermark": 0.95, "low_watermark": 0.75},
 }  # fmt: skip
+# The watermark trigger and a preemption before it: two long prompts sharing 2 blocks fill
+# the pool (14 of 14) and cannot be compacted (shared, and no block free to gather into);
+# the first's 17th token needs a block, so the second is preempted; the first, then sole
+# owner of its blocks, is compacted (9 of 14 in use, over the 50% mark); the second resumes,
+# recomputed whole (the compacted blocks left the prefix cache), over the mark again, and is
+# compacted with the tokens it had decoded, with the window's queries kept from its prefill.
+PREEMPTED = {
+    "name": "preempted", "batches": [[240, [232, 0, 64]]], "max_tokens": 24,
+    "compaction": {"trigger": "watermark", "trigger_tokens": 150, "budget": 64,
+                   "high_watermark": 0.5, "low_watermark": 0.3},
+}  # fmt: skip
 SESSION = {
     "compaction": COMPACTION,
     "engine": {
@@ -66,7 +77,10 @@ SESSION = {
         "kv_cache_memory_bytes": KV_BYTES,
     },
     "engines": [
-        {"scheduler_cls": ASYNC, "scenarios": [MAIN, SHARED, PREEMPT, WATERMARK, GATHER]},
+        {
+            "scheduler_cls": ASYNC,
+            "scenarios": [MAIN, SHARED, PREEMPT, WATERMARK, GATHER, PREEMPTED],
+        },
         {"scheduler_cls": SYNC, "scenarios": [MAIN, WATERMARK]},
     ],
 }
@@ -169,7 +183,8 @@ def test_every_compaction_is_logged(session: dict[str, Any]) -> None:
         for scenarios in session.values() if isinstance(scenarios, dict)
         for s in scenarios.values() for t in s["traces"]
     )  # fmt: skip
-    assert workers == 2 + 2 + 2 + 2 + 2  # main and watermark on both engines, preempt, gather
+    # main and watermark on both engines, preempt, gather, preempted
+    assert workers == 2 + 2 + 2 + 2 + 2 + 2
     assert session["log"].count("KV compaction: request") == 2 * workers  # scheduler + worker
 
 
@@ -179,7 +194,8 @@ def test_shared_prefix_blocks_are_not_compacted(session: dict[str, Any]) -> None
     data = session[ASYNC]["shared"]
     check_exact(data, set())
     assert data["counters"]["gearshift_kv_compactions"] == 0
-    assert session["log"].count("shared through the prefix cache") == 2
+    # here, and once for each of the two requests of the "preempted" scenario
+    assert session["log"].count("shared through the prefix cache") == 2 + 2
 
 
 def test_preempted_compacted_request_recovers(session: dict[str, Any]) -> None:
@@ -241,3 +257,23 @@ def test_shared_blocks_are_gathered_into_fresh_ones(session: dict[str, Any]) -> 
     assert first["held_blocks"] == 8 and len(first["kept_blocks"]) == 1
     assert second["kept_blocks"][0] == first["released_blocks"][0]  # the formerly shared one
     assert "tokens gathered into fresh blocks" in session["log"]
+
+
+def test_request_preempted_before_its_compaction_is_compacted_when_it_resumes(
+    session: dict[str, Any],
+) -> None:
+    """Watermark trigger: a request preempted before the watermark could compact it keeps
+    its window's queries and is compacted, with its decoded tokens, once it runs again on
+    its recomputed cache; both answers match their reference at every step (full cache
+    until each compaction) and every block comes back."""
+    data = session[ASYNC]["preempted"]
+    settings = PREEMPTED["compaction"]
+    first, second = data["results"]
+    check_exact(data, {first["request"], second["request"]}, budget=settings["budget"])
+    assert "was not compacted yet; it can be compacted when it resumes" in session["log"]
+    traces = [t for t in data["traces"] if t["side"] == "scheduler"]
+    assert [t["request"] for t in traces] == [first["request"], second["request"]]
+    for trace, result in zip(traces, (first, second), strict=True):
+        assert trace["cached_tokens"] > result["prompt_tokens"]  # compacted mid-decode
+        assert not trace["gathered"] and not result["record"]["recomputed"]
+    assert all(len(r["tokens"]) == PREEMPTED["max_tokens"] for r in (first, second))
