@@ -1,6 +1,6 @@
 """Context strategies on long agent sessions, measured in one run.
 
-    python -m bench.context [--quick] [--upstream mock|real] [--sessions N] [--budget 0.5]
+    python -m bench.context [--quick] [--upstream mock|real] [--sessions N] [--budget 0.5[,0.15]]
                             [--strategies none,default] [--show-answers]
 
 Each session is a tool loop whose history outgrows the budget: a task, then ``--steps``
@@ -30,9 +30,12 @@ Per strategy: time per step and per answer (ms, mean and p95, summaries included
 tokens sent (mean per step, and total), accuracy on the question (the first number of the
 answer is the value; ``exact``: the answer is the value alone; bench.context_measure) with
 a bootstrap 95% interval over sessions, each with its ratio to ``none``; fresh summaries
-written and fast-tier fallbacks; on the real stack, the full tier's prefix-cache hit rate
-(vLLM's counters, the cache emptied before each session's arm). ``--upstream mock``
-(bench.context_upstream) answers the question by reading the prompt (its accuracy: the
+written (and per session) and fast-tier fallbacks; the share of steps whose prompt extends
+the previous step's (its token ids, ``return_token_ids``: the prefix a clearing keeps) and
+the mean share of the previous prompt they start with; on the real stack, the full tier's
+prefix-cache hit rate (vLLM's counters, the cache emptied before each session's arm).
+Several budgets (``--budget 0.15,0.5``) run one after the other on the same servers.
+``--upstream mock`` (bench.context_upstream) answers the question by reading the prompt (its accuracy: the
 facts a strategy kept in what the model saw) and cannot write a summary; ``--upstream
 real`` starts the embedded stack (two vLLM servers) and the models answer. The last line
 is JSON.
@@ -56,7 +59,7 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.context_measure import PrefixCache, bootstrap_ci, score
+from bench.context_measure import PrefixCache, bootstrap_ci, extends, score
 from bench.procs import start, stop, wait_http
 from bench.stack import free_port, serve
 
@@ -140,6 +143,9 @@ class Tally:
     fallbacks: int = 0  # a model summary asked, the extractive one given
     cache_hits: float = 0.0  # prefix-cache tokens (vLLM's counters; the real stack only)
     cache_queries: float = 0.0
+    sessions: int = 0
+    extending: list[bool] = field(default_factory=list)  # per step after a session's first
+    shared: list[float] = field(default_factory=list)  # share of the previous prompt kept
 
     def row(self, base: Tally | None) -> dict[str, Any]:
         ms = statistics.fmean(self.ms) if self.ms else 0.0
@@ -157,6 +163,9 @@ class Tally:
             "prefix_cache_hit_rate": _ratio(self.cache_hits, self.cache_queries),
             "errors": self.errors,
             "summaries": self.summaries,
+            "summaries_per_session": _ratio(self.summaries, self.sessions),
+            "extends_previous": _ratio(sum(self.extending), len(self.extending)),
+            "prefix_shared": round(statistics.fmean(self.shared), 3) if self.shared else None,
             "fallbacks": self.fallbacks,
         }
         if base is not None:
@@ -182,13 +191,16 @@ def run_session(
 ) -> None:
     """One session's replayed steps and question through strategy ``name``'s key."""
     headers = {"authorization": f"Bearer sk-{name}", "x-gearshift-context-budget": str(arm.budget),
-               "x-session-id": f"{name}-{n}"}  # fmt: skip
+               "x-session-id": f"{name}-{arm.budget}-{n}"}  # fmt: skip
     asks: list[tuple[list[dict[str, Any]], str | None]] = [
         (s.messages[:end], None) for end in s.starts
     ]
     asks.append(([*s.messages, {"role": "user", "content": s.question}], s.value))
+    tally.sessions += 1
+    previous: list[int] | None = None  # the last step's prompt token ids
     for messages, value in asks:
-        body = {"model": arm.model, "messages": messages, "max_tokens": 12, "temperature": 0}
+        body = {"model": arm.model, "messages": messages, "max_tokens": 12, "temperature": 0,
+                "return_token_ids": True}  # fmt: skip
         t0 = time.perf_counter()
         resp = client.post("/v1/chat/completions", json=body, headers=headers)
         took = (time.perf_counter() - t0) * 1000
@@ -200,6 +212,12 @@ def run_session(
         data = resp.json()
         tally.ms.append(took)
         tally.prompt_tokens.append(int(data["usage"]["prompt_tokens"]))
+        ids = data.get("prompt_token_ids") or []
+        if previous is not None and ids:
+            whole, share = extends(previous, ids)
+            tally.extending.append(whole)
+            tally.shared.append(share)
+        previous = ids or None
         done = resp.headers.get("x-gearshift-context", "")
         if any(f"summarizer={k}" in done for k in ("fast", "full", "extractive")):
             tally.summaries += 1
@@ -319,14 +337,15 @@ def upstreams(kind: str, tmp: Path) -> Iterator[tuple[str, str, tuple[str, str],
 def print_table(rows: dict[str, dict[str, Any]]) -> None:
     print(f"{'strategy':<16}{'ms/step':>9}{'p95':>9}{'ms/ans':>8}{'tokens/step':>13}{'acc':>7}"
           f"{'ci95':>14}{'exact':>7}{'time_x':>8}{'tok_x':>9}{'acc_x':>7}{'cache':>7}"
-          f"{'summ':>6}{'fallb':>6}{'err':>5}")  # fmt: skip
+          f"{'summ':>6}{'s/sess':>7}{'ext':>6}{'fallb':>6}{'err':>5}")  # fmt: skip
     for n, r in rows.items():
         lo, hi = r["accuracy_ci95"]
         print(f"{n:<16}{r['ms_per_step']:>9}{r['p95_ms']:>9}{r['ms_per_answer']:>8}"
               f"{r['prompt_tokens_per_step']:>13}{r['accuracy']:>7}{f'{lo}-{hi}':>14}"
               f"{r['exact']:>7}{r.get('time_vs_none') or 0:>8}{r.get('tokens_vs_none') or 0:>9}"
               f"{r.get('accuracy_vs_none') or 0:>7}{r['prefix_cache_hit_rate'] or 0:>7}"
-              f"{r['summaries']:>6}{r['fallbacks']:>6}{r['errors']:>5}")  # fmt: skip
+              f"{r['summaries']:>6}{r['summaries_per_session'] or 0:>7}"
+              f"{r['extends_previous'] or 0:>6}{r['fallbacks']:>6}{r['errors']:>5}")  # fmt: skip
 
 
 def main() -> None:
@@ -336,7 +355,7 @@ def main() -> None:
     p.add_argument("--sessions", type=int, default=40)
     p.add_argument("--steps", type=int, default=12, help="tool steps per session")
     p.add_argument("--replay", type=int, default=3, help="agent steps sent before the question")
-    p.add_argument("--budget", type=float, default=0.5, help="share of the window")
+    p.add_argument("--budget", default="0.5", help="share of the window; several: 0.15,0.5")
     p.add_argument(
         "--fill",
         type=float,
@@ -362,6 +381,12 @@ def main() -> None:
     unknown = [n for n in names if n not in STRATEGIES]
     if unknown or "none" not in names:
         p.error(f"strategies are {', '.join(STRATEGIES)}, 'none' among them (got {unknown})")
+    try:
+        shares = [float(b) for b in args.budget.split(",") if b]
+    except ValueError:
+        p.error(f"--budget: shares of the window, comma-separated (got {args.budget!r})")
+    if not shares or not all(0 < b <= 1 for b in shares):
+        p.error(f"--budget: shares of the window in (0, 1] (got {args.budget!r})")
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -370,27 +395,41 @@ def main() -> None:
             chars = int(window * args.fill * 3.2 / args.steps)
             sessions = [build_session(rng, args.steps, chars, args.replay, args.facts)
                         for _ in range(args.sessions)]  # fmt: skip
-            budget = int(window * args.budget)
             config = gateway_config(tmp, full, fast, models, window)
             with gateway(tmp, config) as url, httpx.Client(base_url=url, timeout=900) as client:
                 # the full tier answers (the requests pin it); the fast one writes summaries
                 cache = PrefixCache(client, [full]) if args.upstream == "real" else None
                 resets = cache.reset() if cache is not None else False
-                deadline = time.monotonic() + args.time_limit_s
-                arm = Arm(budget, models[0], cache, args.show_answers, deadline)
-                tallies = run_arms(client, names, sessions, arm)
-    base = tallies["none"]
-    rows = {n: t.row(base) for n, t in tallies.items()}
-    print_table(rows)
-    default = rows.get("default", rows[names[-1]])
+                by_budget, ran = {}, []
+                for share in shares:  # the time limit split between the budgets
+                    deadline = time.monotonic() + args.time_limit_s / len(shares)
+                    arm = Arm(int(window * share), models[0], cache, args.show_answers, deadline)
+                    tallies = run_arms(client, names, sessions, arm)
+                    rows = {n: t.row(tallies["none"]) for n, t in tallies.items()}
+                    print(f"budget {arm.budget} tokens ({share} of the window)")
+                    print_table(rows)  # each budget's as it ends: a long real run is readable
+                    sys.stdout.flush()
+                    by_budget[str(share)] = {"budget": arm.budget, **headline(rows, names),
+                                             "strategies": rows}  # fmt: skip
+                    ran.append(tallies["none"].sessions)
+    first = by_budget[str(shares[0])]
     print(orjson.dumps({
-        "upstream": args.upstream, "sessions": len(base.outcomes), "budget": budget,
-        "seed": args.seed, "facts": args.facts,
-        "window": window, "strategies": rows,
+        "upstream": args.upstream, "sessions": ran[0],
+        "seed": args.seed, "facts": args.facts, "window": window, **first,
+        "prefix_cache_reset": resets, "by_budget": by_budget if len(shares) > 1 else None,
+    }).decode())  # fmt: skip
+
+
+def headline(rows: dict[str, dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """The default strategy's figures (the last one asked for without it) against none."""
+    default = rows.get("default", rows[names[-1]])
+    return {
         "prompt_tokens_saved": round(1 - (default.get("tokens_vs_none") or 1), 3),
         "accuracy_vs_none": default.get("accuracy_vs_none"),
-        "prefix_cache_hit_rate": default["prefix_cache_hit_rate"], "prefix_cache_reset": resets,
-    }).decode())  # fmt: skip
+        "prefix_cache_hit_rate": default["prefix_cache_hit_rate"],
+        "summaries_per_session": default["summaries_per_session"],
+        "extends_previous": default["extends_previous"],
+    }
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ bootstrap interval over sessions, and vLLM's prefix-cache counters.
   full stop, is the value; ``normalised`` when the first number in it (thousands separators
   removed) is the value. A model that lists several numbers is not credited for a later one.
 * ``bootstrap_ci`` resamples sessions (one score per session) with a seeded generator.
+* ``extends`` compares a step's prompt token ids with the previous step's of the same
+  session: whether it starts with all of them (the generation prompt at their end aside),
+  and the share of them it starts with (what the engine's prefix cache can reuse).
 * ``PrefixCache`` reads ``vllm:prefix_cache_hits`` and ``vllm:prefix_cache_queries``
   (tokens, summed over engines) from each engine's ``/metrics`` and, where the server
   runs with ``VLLM_SERVER_DEV_MODE=1``, empties the cache (``POST /reset_prefix_cache``)
@@ -45,6 +48,22 @@ def bootstrap_ci(outcomes: list[bool], *, rounds: int = 2000, seed: int = 0) -> 
     rng, n = random.Random(seed), len(outcomes)
     means = sorted(sum(rng.choices(outcomes, k=n)) / n for _ in range(rounds))
     return (round(means[int(0.025 * rounds)], 3), round(means[int(0.975 * rounds) - 1], 3))
+
+
+GENERATION_TAIL = 8  # the chat template's generation prompt (``<|im_start|>assistant\n``)
+# ends a prompt; the next step's prompt has its next message there
+
+
+def extends(previous: list[int], ids: list[int]) -> tuple[bool, float]:
+    """Whether ``ids`` starts with ``previous`` (all but its last ``GENERATION_TAIL``
+    tokens), and the share of ``previous`` that ``ids`` starts with."""
+    n = 0
+    for a, b in zip(previous, ids, strict=False):
+        if a != b:
+            break
+        n += 1
+    whole = n >= len(previous) - GENERATION_TAIL
+    return whole, round(n / len(previous), 4) if previous else 0.0
 
 
 def parse_prefix_counters(text: str) -> tuple[float, float]:

@@ -5,10 +5,14 @@ answers that make a condensation's quality checkable without a model.
   the first five-digit number after ``<key>`` on a line of the prompt (``port_3 = 41234``,
   ``ERROR job_3 failed: exit status 41234``), else ``unknown``; its accuracy is the share of
   facts a strategy kept in what the model saw;
-* a summary request (the gateway's summarizer instructions) gets ``(mock summary)``: a
-  stand-in cannot summarize, so model-written summaries are measured on the real stack
-  only (``--upstream real``);
-* anything else: a short text answer.
+* a summary request (the gateway's summarizer instructions) gets ``(mock summary)`` and
+  filler lines up to about 80% of its ``max_tokens`` (a small model's summary fills what it
+  is given): a stand-in cannot summarize, so model-written summaries are measured on the
+  real stack only (``--upstream real``), but the room a summary takes is the real one;
+* anything else: a short text answer;
+* asked for token ids (``return_token_ids``), its ``prompt_token_ids`` come from each
+  message's bytes, so that a message unchanged between two requests gives the same ids
+  there (``bench.context`` counts the steps whose prompt extends the previous one).
 
     python -m bench.context_upstream --port 9001
 """
@@ -21,7 +25,7 @@ import re
 
 import orjson
 
-from bench.mock_upstream import STREAM_RE, MockProtocol, chat_answer
+from bench.mock_upstream import IDS_RE, STREAM_RE, MockProtocol, chat_answer
 
 QUESTION_RE = re.compile(rb"QUESTION: what number goes with (\w+)\?")
 SUMMARY_MARK = b"You condense an AI agent's working history"
@@ -29,13 +33,28 @@ SUMMARY_MARK = b"You condense an AI agent's working history"
 
 def answer(body: bytes) -> bytes:
     if SUMMARY_MARK in body:
-        text = "(mock summary)"
+        wanted = orjson.loads(body).get("max_tokens") or 64
+        text = "(mock summary)" + "\n- a step was taken" * int(wanted * 0.8 / 6)
     elif (m := QUESTION_RE.search(body)) is not None:
         fact = re.search(re.escape(m.group(1)) + rb"\b[^\n\\\"]*?\b(\d{5})\b", body)
         text = fact.group(1).decode() if fact else "unknown"
     else:
         text = "ok"
-    return chat_answer(body, {"role": "assistant", "content": text}, "stop", 4, "mock")
+    answered = chat_answer(body, {"role": "assistant", "content": text}, "stop", 4, "mock")
+    if not IDS_RE.search(body):
+        return answered
+    data = orjson.loads(answered)
+    data["prompt_token_ids"] = message_ids(orjson.loads(body).get("messages") or [])
+    return orjson.dumps(data)
+
+
+def message_ids(messages: list[object]) -> list[int]:
+    """Stand-in token ids: four bytes of each message's JSON apiece, message by message."""
+    ids: list[int] = []
+    for m in messages:
+        data = orjson.dumps(m, option=orjson.OPT_SORT_KEYS)
+        ids += [int.from_bytes(data[i : i + 4], "little") % 49152 for i in range(0, len(data), 4)]
+    return ids
 
 
 class ContextUpstream(MockProtocol):

@@ -30,3 +30,8 @@ def test_quick_context_bench_measures_every_strategy() -> None:
         if name != "none":
             assert row["tokens_vs_none"] < 0.7, (name, row)
     assert 0.3 < last["prompt_tokens_saved"] < 1
+    # the prefix a clearing keeps: the next steps' prompts extend the condensed one
+    assert rows["none"]["extends_previous"] == 1.0 and rows["none"]["summaries_per_session"] == 0
+    assert rows["default"]["extends_previous"] > rows["default-before"]["extends_previous"]
+    assert last["extends_previous"] == rows["default"]["extends_previous"]
+    assert rows["extractive"]["summaries_per_session"] == rows["extractive"]["summaries"] / 4

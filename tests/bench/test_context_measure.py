@@ -7,9 +7,11 @@ import httpx
 import pytest
 
 from bench.context_measure import (
+    GENERATION_TAIL,
     PrefixCache,
     Score,
     bootstrap_ci,
+    extends,
     parse_prefix_counters,
     score,
 )
@@ -77,3 +79,13 @@ def test_prefix_cache_reads_every_engine_and_reports_a_refused_reset() -> None:
         assert cache.counters() == (2432.0, 6600.0)
         assert cache.reset() is False
         assert resets == ["a", "b"]
+
+
+def test_extends_allows_the_generation_prompt_and_nothing_else() -> None:
+    previous = list(range(100))
+    grown = previous[: 100 - GENERATION_TAIL] + [7] * 50  # the next message where it was
+    assert extends(previous, grown) == (True, 0.92)
+    assert extends(previous, [*previous, 1, 2]) == (True, 1.0)
+    rewritten = previous[:10] + [-1] * 80  # a new summary after the system prompt
+    assert extends(previous, rewritten) == (False, 0.1)
+    assert extends([], [1]) == (True, 0.0)

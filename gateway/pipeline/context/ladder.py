@@ -11,9 +11,13 @@ Over its budget, a conversation goes down the ladder and stops at the first rung
 
 Each step starts from what the session's previous step did (``Memory``): the same tool
 outputs masked and the same summary in place give the same prefix, which the engine's prefix
-cache still holds. A rung that must clear more aims at ``clear_to`` of the budget (and clears
-at least ``clear_at_least`` tokens), so that the next steps fit in the room it made without
-condensing again; a summary is written only when the span it covers grows.
+cache still holds. The budget triggers a clearing; a clearing aims lower, at ``clear_to`` of
+the budget (and clears at least ``clear_at_least`` tokens), and is done only when it leaves
+``Knobs.room`` under the budget, so that the next steps grow into that room, reusing the
+condensed prefix, before the budget is crossed again (hysteresis: one clearing per room of
+growth, never one per step). Where the recent messages the ladder keeps leave no such room
+(a small budget), masking takes recent outputs too and a summary recent turns, down to the
+latest output and the latest turn; a summary is written only when the span it covers grows.
 """
 
 from __future__ import annotations
@@ -60,6 +64,17 @@ class Knobs:
         """What a rung that condenses aims at: room for the next steps under the budget."""
         return int(self.budget * self.clear_to)
 
+    @property
+    def room(self) -> int:
+        """The growth a clearing must leave under the budget: ``clear_at_least``, at most
+        the distance to the low-water mark (0 with ``clear_to`` 1: just under the budget)."""
+        return min(self.clear_at_least, self.budget - self.low_water)
+
+    @property
+    def summary_room(self) -> int:
+        """Tokens a summary may take: ``summary_tokens``, at most a quarter of the budget."""
+        return max(32, min(self.summary_tokens, self.budget // 4))
+
 
 @dataclass(frozen=True, slots=True)
 class Memory:
@@ -72,6 +87,7 @@ class Memory:
     span: str | None = None  # their hash: the summary applies only to them
     summary: str | None = None
     dropped: bool = False  # the summarized span is dropped, not summarized
+    kept: tuple[int, ...] = ()  # user messages of the span left verbatim, before the summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +132,11 @@ class _Plan:
         self.original = list(messages)
         self.knobs = knobs
         self.head = msgs.head_end(messages)
-        self.maskable = masking.maskable(messages, knobs.keep_tool_results)
+        # oldest first: those masking may take (the latest output never); the first
+        # ``normal`` leave the latest ``keep_tool_results``, the rest go only for room
+        self.maskable = masking.maskable(messages, min(1, knobs.keep_tool_results))
+        self.normal = len(masking.maskable(messages, knobs.keep_tool_results))
+        self.reach = len(self.maskable) if knobs.room else self.normal
         self.calls = masking.call_names(messages)
         self.placeholders: dict[int, Message] = {}  # built once: the ladder tries many
         self.masked = 0
@@ -128,12 +148,13 @@ class _Plan:
                     self.placeholders[i] = {**messages[i], "content": text}
         self.clips: dict[int, Message] = {}
         self.cut, self.summary, self.dropped = 0, None, False
+        self.kept: tuple[int, ...] = ()
         self.summarizer: str | None = None
-        fits = self.head < memory.cut <= len(messages) - knobs.keep_recent
+        fits = self.head < memory.cut < len(messages)
         same = fits and msgs.span_key(messages[self.head : memory.cut]) == memory.span
         if memory.span is not None and same:
             self.cut, self.summary, self.dropped = memory.cut, memory.summary, memory.dropped
-            self.summarizer = "reused"
+            self.kept, self.summarizer = memory.kept, "reused"
 
     def build(self, cut: int | None = None, summary: str | None = None) -> list[Message]:
         cut = self.cut if cut is None else cut
@@ -145,9 +166,13 @@ class _Plan:
             base[i] = clip
         if not cut:
             return base
-        covered = len(msgs.spanned(self.original, self.head, cut))
+        kept = self.lifted(cut)
+        covered = len(msgs.spanned(self.original, self.head, cut, kept))
         text = None if self.dropped or summary is None else msgs.summary_message(summary, covered)
-        return msgs.layout(base, self.head, cut, text)
+        return msgs.layout(base, self.head, cut, text, kept)
+
+    def lifted(self, cut: int) -> tuple[int, ...]:
+        return msgs.lifted(self.original, self.head, cut, self.kept)
 
     def placeholder(self, i: int) -> Message:
         if i not in self.placeholders:
@@ -172,10 +197,14 @@ class _Plan:
             else None
         )
         texts = tuple(self.placeholder(i)["content"] for i in self.maskable[: self.masked])
-        return Memory(self.masked, masked, texts, self.cut, span, self.summary, self.dropped)
+        kept = self.lifted(self.cut) if self.cut else ()
+        return Memory(
+            self.masked, masked, texts, self.cut, span, self.summary, self.dropped, kept
+        )  # fmt: skip
 
     def report(self, before: int, after: int, exact: bool, fits: bool) -> Report:
-        covered = len(msgs.spanned(self.original, self.head, self.cut)) if self.cut else 0
+        kept = self.lifted(self.cut)
+        covered = len(msgs.spanned(self.original, self.head, self.cut, kept)) if self.cut else 0
         masked = sum(1 for i in self.maskable[: self.masked] if i >= self.cut)
         return Report(
             before, after, masked, len(self.clips), 0 if self.dropped else covered,
@@ -208,9 +237,10 @@ async def condense(
     return Condensed(plan.build(), plan.report(before, tokens, exact, fits), plan.memory())
 
 
-async def _fits(plan: _Plan, counter: Counter) -> tuple[int, bool] | None:
+async def _fits(plan: _Plan, counter: Counter, room: int = 0) -> tuple[int, bool] | None:
+    """The request's tokens when they are within the budget less ``room``, else None."""
     tokens, exact = await counter.measure(plan.build())
-    return (tokens, exact) if tokens <= plan.knobs.budget else None
+    return (tokens, exact) if tokens <= plan.knobs.budget - room else None
 
 
 async def _reuse(plan: _Plan, counter: Counter, summarize: Summarize) -> tuple[int, bool] | None:
@@ -223,36 +253,52 @@ async def _reuse(plan: _Plan, counter: Counter, summarize: Summarize) -> tuple[i
 async def _mask(plan: _Plan, counter: Counter, summarize: Summarize) -> tuple[int, bool] | None:
     """Mask more of the oldest tool outputs: the fewest that bring the request to its
     low-water mark with at least ``clear_at_least`` tokens fewer than before this rung
-    (all of them when that is not enough; then it is done if they fit the budget)."""
-    if plan.masked == len(plan.maskable):
+    (all but the latest ``keep_tool_results`` when that is not enough). Done when that
+    leaves the room; else recent outputs are masked too (never the latest), the fewest
+    that leave it (with ``clear_to`` 1, no room asked, never)."""
+    knobs = plan.knobs
+    if plan.masked < plan.normal:
+        found = await _mask_to(plan, counter, plan.normal, knobs.low_water, knobs.clear_at_least)
+        if found[0] <= knobs.budget - knobs.room:
+            return found
+    if plan.masked >= plan.reach:
         return None
+    found = await _mask_to(plan, counter, len(plan.maskable), knobs.budget - knobs.room, 0)
+    return found if found[0] <= knobs.budget - knobs.room else None
+
+
+async def _mask_to(
+    plan: _Plan, counter: Counter, limit: int, target: int, clear: int
+) -> tuple[int, bool]:
+    """The fewest of the first ``limit`` maskable outputs masked that bring the estimate to
+    ``target`` with ``clear`` tokens fewer (all of them when none do), aiming lower when
+    the tier's exact count says it missed; the request's tokens then."""
     start = counter.estimate(plan.build())
-    target = plan.knobs.low_water
     first = plan.masked + 1
     for _ in range(EXACT_TRIES):
 
         def enough(k: int, target: int = target) -> bool:
             plan.masked = k
             estimate = counter.estimate(plan.build())
-            return estimate <= target and start - estimate >= plan.knobs.clear_at_least
+            return estimate <= target and start - estimate >= clear
 
-        ks = list(range(first, len(plan.maskable) + 1))
-        plan.masked = _first(ks, enough) or len(plan.maskable)
+        ks = list(range(first, limit + 1))
+        plan.masked = _first(ks, enough) or limit
         tokens, exact = await counter.measure(plan.build())
-        if tokens <= plan.knobs.budget or plan.masked == len(plan.maskable):
+        if tokens <= plan.knobs.budget - plan.knobs.room or plan.masked == limit:
             break
         # the tier counts more than the estimate: aim lower by what it found
         target -= tokens - counter.estimate(plan.build())
         first = plan.masked + 1
-    return (tokens, exact) if tokens <= plan.knobs.budget else None
+    return tokens, exact
 
 
 async def _bare(plan: _Plan, counter: Counter, summarize: Summarize) -> tuple[int, bool] | None:
     """Every maskable output masked and still over: the placeholders without their digests,
     before anything is summarized (a digest is worth less than the turns a summary takes)."""
-    if not plan.masked or plan.masked < len(plan.maskable) or not plan.bare():
+    if not plan.masked or plan.masked < plan.reach or not plan.bare():
         return None
-    return await _fits(plan, counter)
+    return await _fits(plan, counter, plan.knobs.room)
 
 
 def _first(candidates: Sequence[int], ok: Callable[[int], bool]) -> int | None:
@@ -279,7 +325,7 @@ async def _clip(plan: _Plan, counter: Counter, summarize: Summarize) -> tuple[in
             plan.clips[i] = msgs.clipped(m, int(chars * CLIP_TO * budget / tokens))
     if not plan.clips:
         return None
-    return await _fits(plan, counter)
+    return await _fits(plan, counter, plan.knobs.room)
 
 
 async def _summarize(
@@ -287,31 +333,55 @@ async def _summarize(
 ) -> tuple[int, bool] | None:
     """Summarize from the system messages (or the previous summary's end) to the nearest
     cut that brings the request to its low-water mark with room for the summary, clearing
-    at least ``clear_at_least``."""
+    at least ``clear_at_least``; when no cut that keeps ``keep_recent`` messages leaves the
+    room, the nearest that does while keeping the latest turn only."""
     knobs = plan.knobs
     start = plan.cut or plan.head
-    cuts = msgs.cuts(plan.original, start, knobs.keep_recent)
-    if not cuts:
+    normal = msgs.cuts(plan.original, start, knobs.keep_recent)
+    further = [c for c in msgs.cuts(plan.original, start, 1) if c not in normal]
+    every = normal + (further if knobs.room else [])
+    if not every:
         return None
     previous = plan.summary  # folded in, even when it was dropped for want of room
-    target = knobs.low_water
     before = counter.estimate(plan.build())
+    missed = 0
     for _ in range(SUMMARY_TRIES):
-
-        def enough(c: int, target: int = target, before: int = before) -> bool:
-            estimate = counter.estimate(plan.build(cut=c, summary="")) + knobs.summary_tokens
-            return estimate <= target and before - estimate >= knobs.clear_at_least
-
-        chosen = _first(cuts, enough) or cuts[-1]
-        text, by = await summarize(msgs.spanned(plan.original, start, chosen), previous)
+        chosen = _summary_cut(plan, counter, normal, every, before, missed)
+        kept = plan.lifted(chosen)
+        text, by = await summarize(msgs.spanned(plan.original, start, chosen, kept), previous)
         plan.cut, plan.summary, plan.dropped, plan.summarizer = chosen, text, False, by
         tokens, exact = await counter.measure(plan.build())
-        if tokens <= knobs.budget:
+        if tokens <= knobs.budget:  # the room was aimed at: not a second summary for it
             return tokens, exact
-        if chosen == cuts[-1]:
+        if chosen == every[-1]:
             break
-        target -= tokens - knobs.budget  # aim lower by what it missed, once more
+        missed += tokens - knobs.budget  # aim lower by what it missed, once more
     return None
+
+
+def _summary_cut(
+    plan: _Plan, counter: Counter, normal: list[int], every: list[int], before: int, missed: int
+) -> int:
+    """Where the summarized span ends: the nearest cut keeping ``keep_recent`` messages
+    that reaches the low-water mark; else the furthest of those if it leaves the room;
+    else the nearest of all that leaves it; else the furthest of all."""
+    knobs = plan.knobs
+
+    def estimate(c: int) -> int:
+        return counter.estimate(plan.build(cut=c, summary="")) + knobs.summary_room + missed
+
+    def enough(c: int) -> bool:
+        return estimate(c) <= knobs.low_water and before - estimate(c) >= knobs.clear_at_least
+
+    def roomy(c: int) -> bool:
+        return estimate(c) <= knobs.budget - knobs.room
+
+    found = _first(normal, enough)
+    if found is None and normal and roomy(normal[-1]):
+        found = normal[-1]
+    if found is None:
+        found = _first(every[len(normal) :], roomy)
+    return every[-1] if found is None else found
 
 
 async def _drop(plan: _Plan, counter: Counter, summarize: Summarize) -> tuple[int, bool] | None:

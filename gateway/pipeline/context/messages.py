@@ -83,20 +83,32 @@ def summary_message(text: str, covered: int) -> Message:
     }
 
 
+def lifted(
+    messages: Sequence[Message], head: int, cut: int, kept: Sequence[int]
+) -> tuple[int, ...]:
+    """The user messages of ``messages[head:cut]`` that stay verbatim: ``kept`` (those an
+    earlier summary left out) and the latest user message when it lies in the span."""
+    user = latest_user(messages)
+    found = {i for i in kept if head <= i < cut}
+    if user is not None and head <= user < cut:
+        found.add(user)
+    return tuple(sorted(found))
+
+
 def layout(
-    messages: Sequence[Message], head: int, cut: int, summary: Message | None
+    messages: Sequence[Message], head: int, cut: int, summary: Message | None, kept: Sequence[int]
 ) -> list[Message]:
-    """The condensed conversation: the system messages, then (when the latest user
-    message lay in the span) that message, then the summary (None: the span is dropped),
-    then ``messages[cut:]``."""
-    user = latest_user(messages)
-    lifted = [messages[user]] if user is not None and head <= user < cut else []
+    """The condensed conversation: the system messages, then the span's user messages
+    that stay verbatim (``kept``, ``lifted``), then the summary (None: the span is
+    dropped), then ``messages[cut:]``. A message kept once keeps its place at later steps,
+    so the prefix does not change when a newer user message arrives."""
     middle = [summary] if summary is not None else []
-    return [*messages[:head], *lifted, *middle, *messages[cut:]]
+    return [*messages[:head], *(messages[i] for i in kept), *middle, *messages[cut:]]
 
 
-def spanned(messages: Sequence[Message], start: int, cut: int) -> list[Message]:
-    """The messages a summary of ``messages[start:cut]`` reads: the latest user message
-    is never summarized (it stays, verbatim)."""
-    user = latest_user(messages)
-    return [m for i, m in enumerate(messages[start:cut], start) if i != user]
+def spanned(
+    messages: Sequence[Message], start: int, cut: int, kept: Sequence[int]
+) -> list[Message]:
+    """The messages a summary of ``messages[start:cut]`` reads: those kept verbatim
+    (``lifted``: the latest user message among them) are never summarized."""
+    return [m for i, m in enumerate(messages[start:cut], start) if i not in kept]

@@ -203,7 +203,7 @@ class ContextStage:
             frozenset(found.rungs), found.digest_chars,
         )  # fmt: skip
         key = (parsed.identity.tenant, session_key) if session_key else None
-        summarizer = self.summarizer(window, found.summarizer)
+        summarizer = self.summarizer(window, found.summarizer, knobs.summary_room)
         condensed = await condense(messages, knobs, counter, summarizer, self._recall(key))
         if condensed is None:
             return None
@@ -213,16 +213,20 @@ class ContextStage:
         summary = condensed.memory.summary if written and not condensed.memory.dropped else None
         return Applied(condensed.messages, condensed.report, summary, tuple(summarizer.calls))
 
-    def summarizer(self, window: int, kind: str | None = None) -> Summarizer:
-        """The summarizer of ``kind`` (the config's by default): a tier, else extractive."""
+    def summarizer(
+        self, window: int, kind: str | None = None, max_tokens: int | None = None
+    ) -> Summarizer:
+        """The summarizer of ``kind`` (the config's by default): a tier, else extractive;
+        its summaries take at most ``max_tokens`` (the config's ``summary_max_tokens``)."""
         kind = kind or self.cfg.summarizer
+        max_tokens = max_tokens or self.cfg.summary_max_tokens
         tier = Tier.FULL if kind == "full" else Tier.FAST
         pool = self.pools.get(tier)
         tier_window = self.windows.get(tier, window)
         room = tier_window - self.cfg.summary_max_tokens - 300  # instructions and template
         return Summarizer(
             self.dispatcher(), pool.model if pool is not None else None,
-            use_fast=kind != "extractive", max_tokens=self.cfg.summary_max_tokens,
+            use_fast=kind != "extractive", max_tokens=max_tokens,
             timeout_s=self.cfg.summary_timeout_s, input_tokens=max(500, room),
             tokens=self.calibrator.model, capture=self.capture, tier=tier,
         )  # fmt: skip

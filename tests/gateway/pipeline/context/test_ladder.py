@@ -18,13 +18,14 @@ from tests.gateway.pipeline.context.agent import SYSTEM, TASK, chat, session, st
 class Recorder:
     """A summarizer that writes an extractive summary and remembers what it was asked."""
 
-    def __init__(self, text: str | None = None) -> None:
+    def __init__(self, text: str | None = None, chars: int = 1200) -> None:
         self.calls: list[tuple[list[dict[str, Any]], str | None]] = []
         self.text = text
+        self.chars = chars
 
     async def __call__(self, span: list[dict[str, Any]], previous: str | None) -> tuple[str, str]:
         self.calls.append((span, previous))
-        return self.text or extractive.summarize(span, previous, 1200), "test"
+        return self.text or extractive.summarize(span, previous, self.chars), "test"
 
 
 def counter(budget: int, tokenize: Any = None) -> RequestCounter:
@@ -32,7 +33,8 @@ def counter(budget: int, tokenize: Any = None) -> RequestCounter:
 
 
 def run(messages, knobs, summarize=None, memory=None, tokenize=None):
-    summarize = summarize or Recorder()
+    # as the stage's summarizer: at most ``summary_room`` tokens (about 3 characters each here)
+    summarize = summarize or Recorder(chars=min(1200, 3 * knobs.summary_room))
     return asyncio.run(
         condense(messages, knobs, counter(knobs.budget, tokenize), summarize, memory)
     )
