@@ -1,7 +1,9 @@
-"""The three arms of ``bench.routed_mix``, one task request each, and the figures per arm.
+"""The arms of ``bench.routed_mix``, one task request each, and the figures per arm.
 
-An arm is a model name sent to the gateway: ``routed`` asks for ``auto`` (the router
-decides), ``full`` and ``fast`` pin a tier (always-full, always-fast). Every request is the
+An arm is a model name sent to a gateway: ``routed`` asks for ``auto`` (the router
+decides), ``full`` and ``fast`` pin a tier (always-full, always-fast); ``full-x2`` asks for
+``full`` too, from a gateway whose full tier has two replicas (``bench.mix_replicas``).
+Every request is the
 task's body, greedy (``temperature: 0``, ``seed: 0``), with its own ``X-Session-Id``. The
 tier that served it and the router's reason come back in ``x-gearshift-tier`` and
 ``x-gearshift-route-reason``; from them ``decided`` is the tier the router chose (a fast
@@ -21,8 +23,9 @@ import aiohttp
 
 from bench.router_tasks import Task
 
-ARMS = ("routed", "full", "fast")
-MODELS = {"routed": "auto", "full": "full", "fast": "fast"}
+ARMS = ("routed", "full", "fast")  # every run's; the stack's gateway serves them
+FULL_X2 = "full-x2"
+MODELS = {"routed": "auto", "full": "full", "fast": "fast", FULL_X2: "full"}
 
 
 @dataclass
@@ -115,19 +118,22 @@ def arm_figures(tally: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def ratio(
+    arms: Mapping[str, Mapping[str, Any]], arm: str, key: str, base: str = "full"
+) -> float | None:
+    """``arm``'s figure ``key`` over ``base``'s (None where either has none)."""
+    a, b = arms[arm].get(key), arms[base].get(key) if base in arms else None
+    return round(a / b, 3) if a is not None and b else None
+
+
 def against_full(
     arms: Mapping[str, Mapping[str, Any]], arm: str, quality: float | None, ci_low: float | None
 ) -> dict[str, Any]:
     """An arm's headline figures over always-full's: tasks per CPU-second and time per task
     as ratios (None where either side has none), and its quality against full."""
-
-    def ratio(key: str) -> float | None:
-        a, f = arms[arm].get(key), arms["full"].get(key)
-        return round(a / f, 3) if a is not None and f else None
-
     return {
-        "tasks_per_cpu_s_ratio": ratio("tasks_per_cpu_s"),
-        "time_per_task_ratio": ratio("s_per_task_mean"),
+        "tasks_per_cpu_s_ratio": ratio(arms, arm, "tasks_per_cpu_s"),
+        "time_per_task_ratio": ratio(arms, arm, "s_per_task_mean"),
         "quality_vs_full": quality,
         "quality_vs_full_ci_low": ci_low,
     }

@@ -20,6 +20,14 @@ the order rotating), so the machine's noise hits all three, and each arm is char
 time the stack's whole process tree spent during its own chunks (``bench.mix_cpu``: the
 gateway, both vLLM servers and their engine processes, the writer) and their wall time.
 
+**full-x2** (on by default; ``--no-full-x2`` skips it, ``--quick`` and ``--url`` leave it
+out): the stack binds the full tier's server to one core and the fast tier's to the other,
+so always-full runs on one core while the routed arm uses two. The fourth arm is what an
+operator would weigh against a fast tier: always-full (``model: full``) over two full
+replicas, one per core (``bench.mix_replicas``: an extra full server on the fast tier's
+core and a second gateway over both), taking its turns with the others and charged the CPU
+of its own trees (that gateway and both full servers). Starting them adds a minute or two.
+
 Per arm: ``tasks_per_cpu_s`` (completed tasks over those CPU seconds), ``tasks_per_s``,
 ``s_per_task`` mean and p50 (request to whole answer), mean ``quality`` (each task's own
 checker, ``bench.router_scoring`` for exact answers), quality against always-full paired per
@@ -38,8 +46,10 @@ threshold is used.
 
 The last line is one JSON object: ``tasks_per_cpu_s_ratio`` and ``time_per_task_ratio``
 (routed over always-full: above 1 is more tasks per CPU-second, resp. slower per task),
-``quality_vs_full`` and ``quality_vs_full_ci_low``, ``fast_share``, the same of always-fast
-under ``baseline_fast``, and every arm's figures under ``arms``. Progress goes to stderr.
+``quality_vs_full`` and ``quality_vs_full_ci_low``, ``fast_share``,
+``time_per_task_ratio_vs_full_x2`` and ``tasks_per_cpu_s_ratio_vs_full_x2`` (routed over
+full-x2; None without it), the same of always-fast under ``baseline_fast`` and of full-x2
+under ``baseline_full_x2``, and every arm's figures under ``arms``. Progress goes to stderr.
 ``--quick``: three test tasks that need no sandbox, at most 24 tokens each, one chunk — a
 smoke run of seconds with no thresholds.
 
@@ -66,9 +76,20 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from bench import mix_agentic
-from bench.mix_arms import ARMS, Outcome, against_full, arm_figures, ask, scored, served_split
-from bench.mix_cpu import StackCpu
+from bench.mix_arms import (
+    ARMS,
+    FULL_X2,
+    Outcome,
+    against_full,
+    arm_figures,
+    ask,
+    ratio,
+    scored,
+    served_split,
+)
+from bench.mix_cpu import Cpu, StackCpu
 from bench.mix_replay import agreement, decisions, operating_point, router_params, sweep
+from bench.mix_replicas import full_x2
 from bench.router_outcomes import load as load_outcomes
 from bench.router_split import load as load_split
 from bench.router_tasks import Task
@@ -97,65 +118,83 @@ def capped(task: Task, max_tokens: int | None) -> Task:
     return Task(task.id, task.source, task.category, task.difficulty, body, task.check)
 
 
+def gateway_env(args: argparse.Namespace, folder: Path) -> dict[str, str]:
+    """A gateway's store (recording on, a SQLite file in ``folder``) and router settings."""
+    env = {
+        "GEARSHIFT_STORE__URL": f"sqlite:///{folder}/trajectories.db",
+        "GEARSHIFT_STORE__DEAD_LETTER_PATH": f"{folder}/dead-letter.jsonl",
+    }
+    if args.threshold is not None:
+        policy, params = router_params(args.threshold)
+        env |= {"GEARSHIFT_ROUTER__POLICY": policy, "GEARSHIFT_ROUTER__PARAMS": json.dumps(params)}  # fmt: skip
+    return env
+
+
 @contextlib.contextmanager
-def stack_url(args: argparse.Namespace) -> Iterator[str]:
-    """A running gateway's URL (``--url``), or the embedded stack started for this run."""
+def stack_url(args: argparse.Namespace) -> Iterator[tuple[dict[str, str], dict[str, Cpu]]]:
+    """The gateway's URL per arm and the CPU each arm is charged: a running gateway's
+    (``--url``), or the embedded stack's started for this run, and with ``--full-x2`` the
+    second gateway over two full replicas (``bench.mix_replicas``) for that arm."""
     if args.url:
-        yield args.url.rstrip("/")
+        yield {arm: args.url.rstrip("/") for arm in ARMS}, {}
         return
     with tempfile.TemporaryDirectory(prefix="gearshift-mix-") as tmp:
-        env = {
-            "GEARSHIFT_STORE__URL": f"sqlite:///{tmp}/trajectories.db",
-            "GEARSHIFT_STORE__DEAD_LETTER_PATH": f"{tmp}/dead-letter.jsonl",
-        }
-        if args.threshold is not None:
-            policy, params = router_params(args.threshold)
-            env |= {"GEARSHIFT_ROUTER__POLICY": policy, "GEARSHIFT_ROUTER__PARAMS": json.dumps(params)}  # fmt: skip
         log("starting the stack (provisioning the fast tier if needed)")
+        env = gateway_env(args, Path(tmp))
         with serve(Path(tmp) / "serve.log", env, timeout_s=args.startup_timeout) as stack:
             log(f"stack ready at {stack.url}")
-            yield stack.url
+            urls = dict.fromkeys(ARMS, stack.url)
+            if not args.full_x2:
+                yield urls, {}
+                return
+            (Path(tmp) / "x2").mkdir()
+            log("starting a second full replica on the fast tier's core and its gateway")
+            with full_x2(stack, gateway_env(args, Path(tmp) / "x2"), args.startup_timeout) as x2:
+                log(f"full-x2 gateway ready at {x2.url}")
+                yield urls | {FULL_X2: x2.url}, {FULL_X2: x2.cpu}
 
 
 async def measure(
-    url: str, tasks: list[Task], args: argparse.Namespace, cpu: StackCpu
+    urls: dict[str, str], tasks: list[Task], args: argparse.Namespace, cpus: dict[str, Cpu]
 ) -> dict[str, dict[str, Any]]:
-    """Per arm: its outcomes, CPU seconds and wall seconds, chunk by chunk in turns."""
+    """Per arm (of ``urls``): its outcomes, CPU seconds and wall seconds, chunk by chunk in
+    turns; each arm's requests go to its own URL and it is charged its own CPU."""
     run = uuid.uuid4().hex[:8]  # sessions of this run never continue an earlier run's
-    tally: dict[str, dict[str, Any]] = {a: {"out": [], "cpu_s": 0.0, "wall_s": 0.0} for a in ARMS}  # fmt: skip
+    arms = tuple(urls)
+    tally: dict[str, dict[str, Any]] = {a: {"out": [], "cpu_s": 0.0, "wall_s": 0.0} for a in arms}  # fmt: skip
     gate = asyncio.Semaphore(args.concurrency)
     timeout = aiohttp.ClientTimeout(total=3600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
         async def one(arm: str, task: Task) -> Outcome:
             async with gate:
-                return await ask(session, url, arm, task, f"routed-mix-{run}-{arm}-{task.id}")
+                return await ask(session, urls[arm], arm, task, f"routed-mix-{run}-{arm}-{task.id}")
 
         warm = Task("warmup", "warmup", "warmup", None, {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8})  # fmt: skip
-        for arm in ("full", "fast"):  # a fresh server's first request pays one-off costs
-            await ask(session, url, arm, warm, f"routed-mix-{run}-warmup")
+        for arm in ("full", "fast", *arms[len(ARMS) :]):  # a first request's one-off costs
+            await ask(session, urls[arm], arm, warm, f"routed-mix-{run}-warmup")
         chunk = args.chunk or 2 * args.concurrency
         for k, start in enumerate(range(0, len(tasks), chunk)):
             batch = tasks[start : start + chunk]
-            order = [*ARMS[k % 3 :], *ARMS[: k % 3]]
+            order = [*arms[k % len(arms) :], *arms[: k % len(arms)]]
             for arm in order:
-                c0, t0 = cpu.seconds(), time.perf_counter()
+                c0, t0 = cpus[arm].seconds(), time.perf_counter()
                 outs = await asyncio.gather(*(one(arm, t) for t in batch))
-                wall, c1 = time.perf_counter() - t0, cpu.seconds()
+                wall, c1 = time.perf_counter() - t0, cpus[arm].seconds()
                 t = tally[arm]
                 t["out"] += outs
                 t["wall_s"] += wall
                 t["cpu_s"] = None if c0 is None or c1 is None or t["cpu_s"] is None else t["cpu_s"] + c1 - c0  # fmt: skip
             log(f"  {start + len(batch)}/{len(tasks)} tasks, each arm")
-    for arm in ARMS:  # scored after the timed windows: HumanEval's checker runs a sandbox
+    for arm in arms:  # scored after the timed windows: HumanEval's checker runs a sandbox
         tally[arm]["scores"] = await scored(tasks, tally[arm]["out"])
     return tally
 
 
 def summarize(tasks: list[Task], tally: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
-    arms = {a: arm_figures(tally[a]) for a in ARMS}
+    arms = {a: arm_figures(t) for a, t in tally.items()}
     full_scores = tally["full"]["scores"]
-    for arm in ("fast", "routed"):
+    for arm in arms.keys() - {"full"}:
         arms[arm]["vs_full"] = report(paired(tasks, full_scores, tally[arm]["scores"]), args.boot)
 
     def versus(arm: str) -> dict[str, Any]:
@@ -166,7 +205,11 @@ def summarize(tasks: list[Task], tally: dict[str, dict[str, Any]], args: argpars
     return {
         **versus("routed"),
         "fast_share": routed["tier_share"]["fast"],
+        # routed over always-full on two replicas, one per core: None when not measured
+        "time_per_task_ratio_vs_full_x2": ratio(arms, "routed", "s_per_task_mean", FULL_X2),
+        "tasks_per_cpu_s_ratio_vs_full_x2": ratio(arms, "routed", "tasks_per_cpu_s", FULL_X2),
         "baseline_fast": versus("fast"),
+        "baseline_full_x2": versus(FULL_X2) if FULL_X2 in arms else None,
         "side": args.side,
         "tasks": len(tasks),
         "per_family": 1 if args.quick else args.per_family,
@@ -189,7 +232,8 @@ def stored_sweep(args: argparse.Namespace, tasks: list[Task], bodies: dict[str, 
         f"{len(rows)} of {len(tasks)} {args.side} tasks have stored outcomes in {args.outcomes_from}"
     )
     table = sweep(decisions(bodies), full, fast, sources, values, args.boot)
-    measured = ("tasks_per_cpu_s_ratio", "time_per_task_ratio", "quality_vs_full", "quality_vs_full_ci_low", "fast_share")  # fmt: skip
+    measured = ("tasks_per_cpu_s_ratio", "time_per_task_ratio", "quality_vs_full", "quality_vs_full_ci_low", "fast_share",
+                "time_per_task_ratio_vs_full_x2", "tasks_per_cpu_s_ratio_vs_full_x2")  # fmt: skip
     return dict.fromkeys(measured) | {
         "side": args.side,
         "tasks": len(rows),
@@ -201,7 +245,8 @@ def stored_sweep(args: argparse.Namespace, tasks: list[Task], bodies: dict[str, 
 
 
 def run_agentic(args: argparse.Namespace) -> dict[str, Any]:
-    with stack_url(args) as url:
+    with stack_url(args) as (urls, _):
+        url = urls["full"]
         cpu = StackCpu(urlsplit(url).port or 80)
         if not cpu.found:
             log(f"no gearshift serve process listens on {url} here: no CPU figures")
@@ -217,14 +262,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     bodies = {t.id: {**t.body, "model": "auto", "temperature": 0, "seed": 0} for t in tasks}
     if args.outcomes_from:
         return stored_sweep(args, tasks, bodies)
-    log(f"{len(tasks)} {args.side} tasks, 3 arms, concurrency {args.concurrency}")
-    with stack_url(args) as url:
-        cpu = StackCpu(urlsplit(url).port or 80)
+    with stack_url(args) as (urls, cpus):
+        log(f"{len(tasks)} {args.side} tasks, {len(urls)} arms, concurrency {args.concurrency}")
+        cpu = StackCpu(urlsplit(urls["full"]).port or 80)
         if cpu.found:
             log(f"charging CPU of pid {cpu.root} and its {cpu.processes() - 1} descendants")
         else:
-            log(f"no gearshift serve process listens on {url} here: no CPU figures")
-        tally = asyncio.run(measure(url, tasks, args, cpu))
+            log(f"no gearshift serve process listens on {urls['full']} here: no CPU figures")
+        cpus = {**dict.fromkeys(ARMS, cpu), **cpus}
+        if FULL_X2 in cpus:
+            x2 = cpus[FULL_X2]
+            log(f"{FULL_X2}: charging CPU of {x2.processes()} processes" if x2.found else f"{FULL_X2}: no CPU figures")  # fmt: skip
+        tally = asyncio.run(measure(urls, tasks, args, cpus))
     result = summarize(tasks, tally, args)
     replayed = decisions(bodies, args.threshold)
     result["replay_agreement"] = agreement(replayed, served_split(tally["routed"]["out"]))
@@ -254,6 +303,9 @@ def parser() -> argparse.ArgumentParser:
                    help="the first N stored agent sessions instead of the split's tasks")  # fmt: skip
     p.add_argument("--agentic", type=Path, default=AGENTIC_DATA,
                    help="stored tool-loop sessions (bench.agentic_sessions)")  # fmt: skip
+    p.add_argument("--full-x2", action=argparse.BooleanOptionalAction, default=None,
+                   help="the full-x2 arm: always-full over two full replicas, one per core "
+                   "(default: on, except with --quick or --url)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="3 short test tasks: a smoke run")
     return p
 
@@ -270,6 +322,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit("--outcomes-from: with --thresholds (it replays the sweep only)")
     if args.threshold is not None and args.url:
         raise SystemExit("--threshold starts a stack with it: not with --url")
+    if args.full_x2 and args.url:
+        raise SystemExit("--full-x2 starts a full replica beside the stack: not with --url")
+    if args.full_x2 and (args.agentic_sessions or args.outcomes_from):
+        raise SystemExit("--full-x2: with the split's tasks on a stack started here")
+    if args.full_x2 is None:
+        args.full_x2 = not (args.quick or args.url or args.agentic_sessions or args.outcomes_from)
     result = run(args)
     print(json.dumps(result), flush=True)
     return result

@@ -4,6 +4,7 @@ per-arm figures, and the refusals of the command line."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -13,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.mix_arms import Outcome, arm_figures
-from bench.mix_cpu import StackCpu, serve_pid, tree
+from bench.mix_arms import FULL_X2, Outcome, arm_figures
+from bench.mix_cpu import StackCpu, TreesCpu, serve_pid, server_pid, tree
 from bench.mix_replay import Routed, agreement, operating_point, router_params, sweep
-from bench.routed_mix import main
+from bench.routed_mix import main, summarize
+from bench.router_tasks import Task
 from router import RouteRequest, build_policy
 
 # burns argv[1] CPU-seconds, then waits to be killed
@@ -53,6 +55,38 @@ def test_stack_cpu_charges_the_serve_process_and_its_children(tmp_path: Path):
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_server_pid_and_trees_cpu_charge_a_tier_server_and_another_tree(tmp_path: Path):
+    """A stand-in stack whose child is started like a tier's vLLM server (``--port M``),
+    and a separate process: ``server_pid`` finds the child, ``TreesCpu`` sums both trees."""
+    child = tmp_path / "child.py"
+    child.write_text(BURN)
+    launcher = tmp_path / "gearshift"
+    server = [str(child), "vllm.entrypoints.openai.api_server", "--port", "54324", "0.2"]
+    launcher.write_text(f"import subprocess, sys\nsubprocess.Popen([sys.executable, *{server!r}])\n" + BURN)  # fmt: skip
+    proc = subprocess.Popen([sys.executable, str(launcher), "serve", "--port", "54323", "0"])
+    other = subprocess.Popen([sys.executable, str(child), "0.15"])
+    pids = [proc.pid, other.pid]
+    try:
+        deadline = time.monotonic() + 30
+        while len(pids := [*tree(proc.pid), other.pid]) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        found = server_pid(proc.pid, 54324)
+        assert found is not None and found != proc.pid and server_pid(proc.pid, 54325) is None
+        cpu = TreesCpu([found, other.pid])
+        assert cpu.found and cpu.processes() == 2
+        seconds = cpu.seconds()
+        while seconds is not None and seconds < 0.33 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            seconds = cpu.seconds()
+        assert seconds is not None and 0.33 <= seconds < 3  # both burns, not the launcher's
+        assert not TreesCpu([found, None]).found and TreesCpu([found, None]).seconds() is None
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        proc.wait()
+        other.wait()
 
 
 def test_router_params_set_the_default_chains_classifier_threshold():
@@ -109,6 +143,7 @@ def test_arm_figures_count_router_choices_and_escalations():
     [
         ["--thresholds", "0.3,0.5"],  # tuning on the locked test split
         ["--url", "http://127.0.0.1:9", "--threshold", "0.4"],
+        ["--url", "http://127.0.0.1:9", "--full-x2"],  # it starts a replica beside a stack
         ["--per-family", "-1"],
         ["--concurrency", "0"],
     ],
@@ -129,3 +164,33 @@ def test_sweep_from_stored_outcomes_names_a_dev_operating_point(capsys):
     assert result["operating_point"] in (0.0, 0.5, 1.0)
     assert result["tasks_per_cpu_s_ratio"] is None  # nothing was run
     assert "13 of 13 dev tasks" in capsys.readouterr().err
+
+
+def test_summary_reports_routed_against_two_full_replicas():
+    """With the full-x2 arm measured, routed's time per task and tasks per CPU-second are
+    also given over it, and the arm's own figures against always-full; without it, None."""
+    tasks = [Task(i, "s", "c", None, {}, None) for i in "ab"]
+    ok = {"content": "x"}
+
+    def tally(seconds: float, cpu_s: float, tier: str, scores: dict[str, float]) -> dict:
+        outs = [Outcome(i, seconds, 200, ok, tier, "") for i in "ab"]
+        return {"out": outs, "cpu_s": cpu_s, "wall_s": 2 * seconds, "scores": scores}
+
+    full = tally(4.0, 8.0, "full", {"a": 1.0, "b": 1.0})
+    runs = {"routed": tally(2.0, 4.0, "fast", {"a": 1.0, "b": 0.0}), "full": full,
+            "fast": tally(1.0, 2.0, "fast", {"a": 0.0, "b": 0.0})}  # fmt: skip
+    args = argparse.Namespace(boot=20, side="test", quick=False, per_family=2, concurrency=4, threshold=None)  # fmt: skip
+    without = summarize(tasks, runs, args)
+    assert without["time_per_task_ratio"] == 0.5 and without["tasks_per_cpu_s_ratio"] == 2.0
+    assert without["time_per_task_ratio_vs_full_x2"] is None
+    assert without["tasks_per_cpu_s_ratio_vs_full_x2"] is None
+    assert without["baseline_full_x2"] is None and FULL_X2 not in without["arms"]
+
+    x2 = tally(2.5, 10.0, "full", {"a": 1.0, "b": 1.0})  # half the CPU-rate per task of full
+    result = summarize(tasks, {**runs, FULL_X2: x2}, args)
+    assert result["time_per_task_ratio_vs_full_x2"] == 0.8  # 2.0 s over 2.5 s
+    assert result["tasks_per_cpu_s_ratio_vs_full_x2"] == 2.5  # 0.5 over 0.2 tasks/CPU-s
+    assert result["time_per_task_ratio"] == 0.5  # still over the one-replica full arm
+    assert result["baseline_full_x2"]["time_per_task_ratio"] == 0.625
+    assert result["baseline_full_x2"]["quality_vs_full"] == 1.0
+    assert result["arms"][FULL_X2]["tasks_per_cpu_s"] == 0.2
