@@ -149,6 +149,13 @@ class RouterSettings(Section):
     session_ttl_s: float = Field(
         default=3600.0, gt=0, description="a session's routing history expires after this idle time"
     )
+    recall: bool = Field(
+        default=False,
+        description="with several replicas on one store: rebuild a session's routing history "
+        "from its recorded steps when a step continues an answer this replica did not give "
+        "(gateway.routing.recall; docs/deployment.md). Off for one replica: a client that "
+        "edits the answers it echoes would cost a store read per step",
+    )
     recall_wait_s: float = Field(
         default=0.0,
         ge=0,

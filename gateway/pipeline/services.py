@@ -61,7 +61,7 @@ class Services:
         # a cache of the recorded steps' routing history (gateway.routing.recall)
         recall = (
             SessionRecall(self.store_worker, settings.router.recall_wait_s)
-            if self.store_worker is not None
+            if self.store_worker is not None and settings.router.recall
             else None
         )
         self.route_sessions = RouteSessions(

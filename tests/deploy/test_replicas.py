@@ -48,7 +48,7 @@ def pair(
                       "fast": {"model": "m-fast", "replicas": [fast_url]}},
             # until a routing version is published: so that fast tells it is applied
             "router": {"calibrate_tokens": False, "policy": "always_full",
-                       "recall_wait_s": 5.0},
+                       "recall": True, "recall_wait_s": 5.0},
             "sandbox": {"enabled": False},
         }  # fmt: skip
 
