@@ -156,13 +156,15 @@ def test_two_replicas_share_keys_routing_sessions_and_responses(
     clients = [openai.OpenAI(base_url=g.url + "/v1", api_key=bot["key"], max_retries=0)
                for g in (a, b)]  # fmt: skip
 
-    # keys made in the store: both replicas accept them within auth.refresh_s
+    # keys made in the store: both replicas accept them within auth.refresh_s (the admin
+    # key too, before it publishes: it was made after the refresh that brought the bot's)
     for g in (a, b):
-        deadline = time.monotonic() + 5
-        while httpx.get(g.url + "/v1/models", headers={"authorization": f"Bearer {bot['key']}"}
-                        ).status_code != 200:  # fmt: skip
-            assert time.monotonic() < deadline, f"{g.url} does not accept a key in the store"
-            time.sleep(0.1)
+        for made_key in (bot["key"], root["key"]):
+            deadline = time.monotonic() + 5
+            while httpx.get(g.url + "/v1/models", headers={"authorization": f"Bearer {made_key}"}
+                            ).status_code != 200:  # fmt: skip
+                assert time.monotonic() < deadline, f"{g.url} does not accept a key in the store"
+                time.sleep(0.1)
 
     # a routing version published through A is applied by B
     admin = {"authorization": f"Bearer {root['key']}"}
