@@ -87,8 +87,9 @@ engine_context() {  # engine_context CONTEXT: the engine's distributions, then g
       *) echo "$VLLM_VENV was not built with $VLLM_REQS (scripts/install.sh)" >&2; exit 1 ;;
     esac
     # the links stay between builds (removing 56k of them takes minutes on a busy disk):
-    # made again only when the environment changed
-    local made; made="$(stat -c %Y "$VLLM_VENV/.gearshift-stamp") $VLLM_REQS"
+    # made again only when the environment or the list of what is left out changed
+    local made
+    made="$(stat -c %Y "$VLLM_VENV/.gearshift-stamp") $VLLM_REQS $(sha256sum deploy/images/engine_files.py | cut -c1-16)"
     if [ "$(cat "$1/site-packages.made" 2>/dev/null)" != "$made" ]; then
       step "engine: $VLLM_REQS as installed in $VLLM_VENV (hard links)"
       rm -rf "$1/site-packages" "$1/site-packages.made"

@@ -35,6 +35,9 @@ if [ -d "$work/wheels/engine" ]; then
   "$GEARSHIFT_HOME/vllm-venv/bin/pip" install -q --no-index --find-links "$work/wheels/engine" ${reqs% *}
   "$GEARSHIFT_HOME/vllm-venv/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
   "$GEARSHIFT_HOME/vllm-venv/bin/pip" install -q --no-index --no-deps --find-links "$work/wheels/engine" "$model_pkg"
+  # Gearshift's vLLM plugin (kvplugin, loaded through an entry point), as install.sh and the
+  # image put it there: the gateway's wheel, no dependencies, so the engine's pins stay
+  "$GEARSHIFT_HOME/vllm-venv/bin/pip" install -q --no-index --no-deps --find-links "$work/wheels/gateway" gearshift
   printf '%s' "$reqs" > "$GEARSHIFT_HOME/vllm-venv/.gearshift-stamp"
 fi
 if [ -d "$work/models" ]; then

