@@ -3,8 +3,10 @@ and always-fast, in tasks per CPU-second, time per task and quality.
 
     python -m bench.routed_mix [--per-family 2] [--concurrency 4]          # locked test split
     python -m bench.routed_mix --side dev --thresholds 0.3,0.4,0.476,0.55,0.65
-    python -m bench.routed_mix --side dev --per-family 0 --thresholds 0.3,0.4,0.476,0.55,0.65 \
+    python -m bench.routed_mix --side dev --thresholds 0.3,0.4,0.476,0.55,0.65 \
         --outcomes-from bench/data/router_outcomes.jsonl                  # the sweep, no servers
+    python -m bench.routed_mix --outcomes-from bench/data/router_outcomes.jsonl \
+        --outcomes-from bench/data/router_outcomes_sampled.jsonl          # test replay, no servers
     python -m bench.routed_mix --threshold 0.4                             # at an operating point
     python -m bench.routed_mix --url http://127.0.0.1:8000 --quick         # a running stack
     python -m bench.routed_mix --agentic-sessions 12                       # the agent sessions
@@ -43,6 +45,14 @@ sweep on the stored greedy outcomes of both tiers (``bench.router_outcomes``: ev
 the side, no servers). ``--threshold T`` then starts the stack with
 that threshold (``GEARSHIFT_ROUTER__PARAMS``) for the test run; without it the model's own
 threshold is used.
+
+**Replay** (``--outcomes-from FILE`` without ``--thresholds``, on either side; repeat it for
+the greedy and the sampled file): the default chain at its models' own thresholds over every
+task of the side with stored outcomes, no servers (``bench.mix_stored``): quality against
+always-full with its interval, fast share, and the **completion-token ratios** (the mix's and
+the fast tier's over always-full's), per family and overall, beside always-fast, a random mix
+at the same fast share and the group lookup. ``"mode": "replay"``; the CPU and time ratios
+are None (stored seconds are no per-answer speed).
 
 The last line is one JSON object: ``tasks_per_cpu_s_ratio`` and ``time_per_task_ratio``
 (routed over always-full: above 1 is more tasks per CPU-second, resp. slower per task),
@@ -90,7 +100,7 @@ from bench.mix_arms import (
 from bench.mix_cpu import Cpu, StackCpu
 from bench.mix_replay import agreement, decisions, operating_point, router_params, sweep
 from bench.mix_replicas import full_x2
-from bench.router_outcomes import load as load_outcomes
+from bench.mix_stored import replay, threshold_sweep
 from bench.router_split import load as load_split
 from bench.router_tasks import Task
 from bench.stack import serve
@@ -220,30 +230,6 @@ def summarize(tasks: list[Task], tally: dict[str, dict[str, Any]], args: argpars
     }
 
 
-def stored_sweep(args: argparse.Namespace, tasks: list[Task], bodies: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """The threshold sweep from stored outcomes of the two tiers (no stack, no CPU figures)."""
-    stored = load_outcomes(args.outcomes_from)
-    rows = {t.id: row for t in tasks if (row := stored.get(t.key)) is not None}
-    full = {i: float(r["full"]["score"]) for i, r in rows.items()}
-    fast = {i: float(r["fast"]["score"]) for i, r in rows.items()}
-    sources = {t.id: t.source for t in tasks}
-    values = [float(v) for v in args.thresholds.split(",")]
-    log(
-        f"{len(rows)} of {len(tasks)} {args.side} tasks have stored outcomes in {args.outcomes_from}"
-    )
-    table = sweep(decisions(bodies), full, fast, sources, values, args.boot)
-    measured = ("tasks_per_cpu_s_ratio", "time_per_task_ratio", "quality_vs_full", "quality_vs_full_ci_low", "fast_share",
-                "time_per_task_ratio_vs_full_x2", "tasks_per_cpu_s_ratio_vs_full_x2")  # fmt: skip
-    return dict.fromkeys(measured) | {
-        "side": args.side,
-        "tasks": len(rows),
-        "outcomes_from": str(args.outcomes_from),
-        "split_sha256": load_split().sha256,
-        "sweep": table,
-        "operating_point": operating_point(table, args.keep),
-    }
-
-
 def run_agentic(args: argparse.Namespace) -> dict[str, Any]:
     with stack_url(args) as (urls, _):
         url = urls["full"]
@@ -259,9 +245,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tasks = [capped(t, 24 if args.quick else None) for t in pick_tasks(args)]
     if not tasks:
         raise SystemExit("no tasks: --per-family must be 0 or more and the split must hold tasks")
-    bodies = {t.id: {**t.body, "model": "auto", "temperature": 0, "seed": 0} for t in tasks}
     if args.outcomes_from:
-        return stored_sweep(args, tasks, bodies)
+        return threshold_sweep(args, tasks, log) if args.thresholds else replay(args, tasks, log)
+    bodies = {t.id: {**t.body, "model": "auto", "temperature": 0, "seed": 0} for t in tasks}
     with stack_url(args) as (urls, cpus):
         log(f"{len(tasks)} {args.side} tasks, {len(urls)} arms, concurrency {args.concurrency}")
         cpu = StackCpu(urlsplit(urls["full"]).port or 80)
@@ -289,13 +275,16 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--url", help="a running gateway (its stack's CPU is read when it runs here)")
     p.add_argument("--side", choices=["test", "dev"], default="test")
-    p.add_argument("--per-family", type=int, default=2, help="first N tasks per family (0: all)")
+    p.add_argument("--per-family", type=int,
+                   help="first N tasks per family (0: all; default 2, all with --outcomes-from)")  # fmt: skip
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--chunk", type=int, default=0, help="tasks per turn (0: 2 x concurrency)")
     p.add_argument("--threshold", type=float, help="start the stack with this classifier threshold")  # fmt: skip
     p.add_argument("--thresholds", help="--side dev: replay these thresholds, name the operating point")  # fmt: skip
-    p.add_argument("--outcomes-from", type=Path,
-                   help="with --thresholds: replay on stored outcomes of both tiers (bench.router_outcomes)")  # fmt: skip
+    p.add_argument("--outcomes-from", type=Path, action="append",
+                   help="replay on stored outcomes of both tiers (bench.router_outcomes), no servers: "
+                   "the default chain at its own thresholds, once per file (greedy, sampled); "
+                   "with --thresholds (dev, one file) the sweep (bench.mix_stored)")  # fmt: skip
     p.add_argument("--keep", type=float, default=0.95, help="quality vs always-full to keep")
     p.add_argument("--boot", type=int, default=2000, help="bootstrap resamples")
     p.add_argument("--startup-timeout", type=float, default=3600)
@@ -312,14 +301,21 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser().parse_args(argv)
+    if args.quick and args.outcomes_from:
+        raise SystemExit("--quick shortens the requests, so no stored outcome matches: not with --outcomes-from")  # fmt: skip
     if args.quick:
         args.side, args.boot, args.thresholds = "test", min(args.boot, 200), None
+    if args.per_family is None:
+        args.per_family = 0 if args.outcomes_from else 2
     if args.per_family < 0 or args.concurrency < 1 or args.chunk < 0 or args.agentic_sessions < 0:
         raise SystemExit("--per-family >= 0, --concurrency >= 1, --chunk >= 0, --agentic-sessions >= 0")  # fmt: skip
     if args.thresholds and args.side != "dev":
         raise SystemExit("--thresholds: only on --side dev (nothing is tuned on the test split)")
-    if args.outcomes_from and not args.thresholds:
-        raise SystemExit("--outcomes-from: with --thresholds (it replays the sweep only)")
+    if args.outcomes_from and (args.url or args.threshold is not None or args.agentic_sessions):
+        raise SystemExit("--outcomes-from replays stored outcomes at the models' own thresholds: "
+                         "not with --url, --threshold or --agentic-sessions")  # fmt: skip
+    if args.thresholds and args.outcomes_from and len(args.outcomes_from) != 1:
+        raise SystemExit("--thresholds with --outcomes-from: one file (the sweep of one regime)")
     if args.threshold is not None and args.url:
         raise SystemExit("--threshold starts a stack with it: not with --url")
     if args.full_x2 and args.url:

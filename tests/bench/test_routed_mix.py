@@ -1,10 +1,12 @@
 """The routed mix's parts that need no model: the CPU time of a stack's process tree read from
 /proc, the router's threshold knob, the dev-split sweep that picks the operating point, the
-per-arm figures, and the refusals of the command line."""
+test-split replay from stored outcomes (a small fixture file) and its baselines, the per-arm
+figures, and the refusals of the command line."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -16,10 +18,14 @@ import pytest
 
 from bench.mix_arms import FULL_X2, Outcome, arm_figures
 from bench.mix_cpu import StackCpu, TreesCpu, serve_pid, server_pid, tree
-from bench.mix_replay import Routed, agreement, operating_point, router_params, sweep
+from bench.mix_replay import Routed, agreement, decisions, operating_point, router_params, sweep
+from bench.mix_stored import lookup_tiers, random_mix
 from bench.routed_mix import main, summarize
 from bench.router_tasks import Task
+from bench.tier_prompts import per_family, split_tasks
 from router import RouteRequest, build_policy
+from router.classifier import DEFAULT_SAMPLED_MODEL, Classifier
+from router.training import Example
 
 # burns argv[1] CPU-seconds, then waits to be killed
 BURN = (
@@ -70,7 +76,10 @@ def test_server_pid_and_trees_cpu_charge_a_tier_server_and_another_tree(tmp_path
     pids = [proc.pid, other.pid]
     try:
         deadline = time.monotonic() + 30
-        while len(pids := [*tree(proc.pid), other.pid]) < 3 and time.monotonic() < deadline:
+        # until the child has exec'd: a forked child shows the launcher's argv until then
+        while (
+            len(pids := [*tree(proc.pid), other.pid]) < 3 or server_pid(proc.pid, 54324) is None
+        ) and time.monotonic() < deadline:
             time.sleep(0.05)
         found = server_pid(proc.pid, 54324)
         assert found is not None and found != proc.pid and server_pid(proc.pid, 54325) is None
@@ -194,3 +203,84 @@ def test_summary_reports_routed_against_two_full_replicas():
     assert result["baseline_full_x2"]["time_per_task_ratio"] == 0.625
     assert result["baseline_full_x2"]["quality_vs_full"] == 1.0
     assert result["arms"][FULL_X2]["tasks_per_cpu_s"] == 0.2
+
+
+def _outcomes(
+    path: Path, head: dict, rows: dict[str, tuple[dict, dict]], tasks: list[Task]
+) -> Path:
+    lines = [json.dumps(head)]
+    lines += [json.dumps({"key": t.key, "id": t.id, "full": rows[t.id][0], "fast": rows[t.id][1]}) for t in tasks]  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_replay_on_the_test_split_at_the_models_own_thresholds(tmp_path: Path, capsys):
+    """One test task per family with stored outcomes of both tiers, built so that the fast
+    tier gets exactly the tasks the router sends it right, with three times the tokens:
+    the replay must give the mix always-full's quality, and the token and baseline figures
+    follow from the fast share alone."""
+    tasks = per_family(split_tasks("test"), 1)
+    dev = per_family(split_tasks("dev"), 1)
+    greedy = decisions({t.id: {**t.body, "model": "auto", "temperature": 0, "seed": 0} for t in tasks})  # fmt: skip
+    fast_ids = {i for i, r in greedy.items() if r.tier == "fast"}
+    n, k = len(tasks), len(fast_ids)
+    assert 0 < k < n  # the router splits these
+    rows = {t.id: ({"score": 1.0, "tokens": 10, "seconds": 1.0},
+                   {"score": float(t.id in fast_ids), "tokens": 30 if t.id in fast_ids else 10, "seconds": 1.0})
+            for t in [*tasks, *dev]}  # fmt: skip
+    head = {"samples": 1, "temperature": 0.0, "full_from": "earlier.jsonl"}
+    g = _outcomes(tmp_path / "greedy.jsonl", head, rows, [*tasks, *dev])
+    s = _outcomes(tmp_path / "sampled.jsonl", {"samples": 4, "temperature": 0.7}, rows, [*tasks, *dev])  # fmt: skip
+    result = main(["--outcomes-from", str(g), "--outcomes-from", str(s), "--boot", "50"])
+    share = k / n
+    assert result["mode"] == "replay" and result["side"] == "test" and result["tasks"] == n
+    assert result["tasks_per_cpu_s_ratio"] is None and result["time_per_task_ratio"] is None
+    assert result["headline_regime"] == "greedy" and result["fast_share"] == round(share, 3)
+    assert result["quality_vs_full"] == 1.0 and result["quality_vs_full_ci_low"] == 1.0
+    assert result["token_ratio"] == round(1 + 2 * share, 3)  # 30 instead of 10 on k of n
+    assert result["fast_token_ratio_routed"] == 3.0
+    assert result["baseline_fast"]["quality_vs_full"] == round(share, 3)
+    g_fig = result["regimes"]["greedy"]
+    assert g_fig["missing"] == len(split_tasks("test")) - n and len(g_fig["per_family"]) == n
+    assert g_fig["thresholds"] == [round(Classifier.load().threshold, 4)]
+    mix = g_fig["baselines"]["random_mix"]
+    assert mix["quality_vs_full"] == round(1 - share + share * share, 3)
+    assert mix["token_ratio"] == round(1 + 2 * share * share, 3)  # always-fast writes 1 + 2s
+    assert g_fig["baselines"]["group_lookup"]["fast_share"] == round(share, 3)
+    sampled = result["regimes"]["sampled"]  # temperature 0.7: the sampled model decided
+    assert (sampled["samples"], sampled["temperature"]) == (4, 0.7)
+    assert sampled["thresholds"] == [round(Classifier.load(DEFAULT_SAMPLED_MODEL).threshold, 4)]
+    assert result["seconds_comparable"] is False
+    assert "greedy.jsonl took the full tier's answers from earlier.jsonl" in result["seconds_note"]
+    err = capsys.readouterr().err
+    assert f"greedy: {n} tasks" in err and "stored seconds are not comparable" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--thresholds", "0.3,0.5"],  # the sweep on the test split
+        ["--threshold", "0.4"],  # the replay runs the models' own thresholds
+        ["--quick"],  # shortened requests match no stored outcome
+        ["--outcomes-from", "bench/data/router_outcomes.jsonl"],  # one file per regime
+    ],
+)
+def test_replay_refusals(argv):
+    with pytest.raises(SystemExit):
+        main(["--outcomes-from", "bench/data/router_outcomes.jsonl", *argv])
+
+
+def test_random_mix_and_group_lookup_baselines():
+    rows = {i: {"full": {"score": 1.0, "tokens": 10}, "fast": {"score": f, "tokens": 20}}
+            for i, f in (("a", 1.0), ("b", 0.0), ("c", 1.0), ("d", 0.0))}  # fmt: skip
+    ids = list(rows)
+    assert random_mix(ids, rows, 0.0, 50)["quality_vs_full"] == 1.0
+    half = random_mix(ids, rows, 0.5, 200)
+    assert half["quality_vs_full"] == 0.75 and half["token_ratio"] == 1.5
+    assert half["quality_vs_full_ci"][0] < 0.75 < half["quality_vs_full_ci"][1]
+    train = [Example(f"x{i}", {}, 1.0, 0.0, "hard/x") for i in range(3)]
+    train += [Example(f"y{i}", {}, 1.0, 1.0, "easy/y") for i in range(3)]
+    test = [Example(i, {}, 0.0, 0.0, g) for i, g in (("p", "hard/x"), ("q", "easy/y"), ("r", "easy/y"), ("s", "new/z"))]  # fmt: skip
+    # the easy group's rate is 0, an unseen source falls back to all (0.5): the easy go fast
+    assert lookup_tiers(train, test, 0.0, 0.5) == {"p": "full", "q": "fast", "r": "fast", "s": "full"}  # fmt: skip
+    assert set(lookup_tiers(train, test, 0.0, 0.75).values()) == {"fast", "full"}
