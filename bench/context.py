@@ -1,14 +1,21 @@
 """Context strategies on long agent sessions, measured in one run.
 
-    python -m bench.context [--quick] [--upstream mock|real] [--sessions N] [--budget 0.5[,0.15]]
-                            [--strategies none,default] [--show-answers]
+    python -m bench.context [--quick] [--upstream mock|real] [--data PATH | --seeded]
+                            [--sessions N] [--budget 0.5[,0.15]] [--strategies none,default]
+                            [--plot docs/img/context_policies.png] [--show-answers]
 
-Each session is a tool loop whose history outgrows the budget: a task, then ``--steps``
-tool calls whose outputs each hold one fact (``port_<i> = <value>``; with ``--facts mixed``,
-the held-out shape, also an error, a path or an identifier's line) among log lines.
+The sessions replayed by default are stored: ``bench/data/context_sessions.jsonl.gz``
+(``--data``), 200 tool loops of 22-30 calls whose outputs come from the sandbox's real
+tools (``bench.context_sessions``; four families of task), each with three questions about
+facts printed early (a total a script printed, a job's error code in its traceback, the
+path of a file a script wrote) and an end task (the number the session's last call, a
+check script, printed). ``--seeded`` (and ``--quick``) generate sessions from ``--seed``
+instead: a task, then ``--steps`` tool calls whose outputs each hold one fact
+(``port_<i> = <value>``; with ``--facts mixed``, the held-out shape, also an error, a path
+or an identifier's line) among log lines, and one question about an early fact.
 The last ``--replay`` steps of every session are sent through one gateway (each a chat
 request with the whole history so far, one named session per strategy, as an agent
-sends them), then a checkable question about a fact from an early step, which every
+sends them), then each question after the whole history, a request apiece, which every
 condensing strategy has condensed: ``QUESTION: what number goes with port_<k>?``.
 
 Strategies (one API key each, ``context.keys`` in the gateway's config):
@@ -27,9 +34,11 @@ Strategies (one API key each, ``context.keys`` in the gateway's config):
 The strategies alternate: session ``i`` goes through every strategy, starting with the
 ``i``-th, so all arms see the same sessions (greedy decoding) on the same machine state.
 Per strategy: time per step and per answer (ms, mean and p95, summaries included), prompt
-tokens sent (mean per step, and total), accuracy on the question (the first number of the
-answer is the value; ``exact``: the answer is the value alone; bench.context_measure) with
-a bootstrap 95% interval over sessions, each with its ratio to ``none``; fresh summaries
+tokens sent (mean per step, and total), accuracy on the early questions (the first number,
+code or path of the answer is the value; ``exact``: the answer is the value alone;
+bench.context_measure) with a bootstrap 95% interval over sessions (a session's score: the
+share of its questions answered), per family of session too, and the end task's success,
+each with its ratio to ``none``; fresh summaries
 written (and per session) and fast-tier fallbacks; the share of steps whose prompt extends
 the previous step's (its token ids, ``return_token_ids``: the prefix a clearing keeps) and
 the mean share of the previous prompt they start with; on the real stack, the full tier's
@@ -37,7 +46,9 @@ prefix-cache hit rate (vLLM's counters, the cache emptied before each session's 
 Several budgets (``--budget 0.15,0.5``) run one after the other on the same servers.
 ``--upstream mock`` (bench.context_upstream) answers the question by reading the prompt (its accuracy: the
 facts a strategy kept in what the model saw) and cannot write a summary; ``--upstream
-real`` starts the embedded stack (two vLLM servers) and the models answer. The last line
+real`` starts the embedded stack (two vLLM servers) and the models answer (its window is
+4096 tokens: most stored sessions do not fit it whole, and ``none`` gets a 400 there).
+``--plot`` draws tokens against accuracy per strategy (bench.context_plot). The last line
 is JSON.
 """
 
@@ -47,19 +58,20 @@ import argparse
 import contextlib
 import hashlib
 import random
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 
-from bench.context_measure import PrefixCache, bootstrap_ci, extends, score
+from bench.context_data import DATA, SYSTEM, Question, load
+from bench.context_measure import PrefixCache, Score, Tally, extends, score
+from bench.context_plot import plot
 from bench.procs import start, stop, wait_http
 from bench.stack import free_port, serve
 
@@ -79,16 +91,26 @@ STRATEGIES: dict[str, dict[str, Any] | None] = {
     },
     "default": {"rungs": LADDER, "summarizer": "fast"},
 }  # fmt: skip
-SYSTEM = "You are a coding agent. Use the tools. Answer questions with the value only."
 REAL_MODELS = ("smollm2-135m", "smollm2-135m-fast")  # the embedded stack's served names
 
 
 @dataclass
 class Session:
-    messages: list[dict[str, Any]]  # the whole history before the question
+    messages: list[dict[str, Any]]  # the whole history before the questions
     starts: list[int]  # where each replayed request's history ends
-    question: str
-    value: str
+    questions: list[Question]  # each asked after the whole history, one request apiece
+    family: str = "seeded"
+
+
+def replayed(history: list[dict[str, Any]], replay: int) -> list[int]:
+    """Where the last ``replay`` agent steps' requests end (each before a tool call)."""
+    return [len(history) - 2 * j for j in range(replay - 1, -1, -1)]
+
+
+def stored_sessions(path: Path, count: int | None, replay: int) -> list[Session]:
+    """The first ``count`` (all: None) sessions of ``path`` (bench.context_sessions)."""
+    return [Session(s.messages, replayed(s.messages, replay), s.questions, s.family)
+            for s in load(path)[:count]]  # fmt: skip
 
 
 # the held-out shapes of a fact (--facts mixed): what key names it, the line that prints it
@@ -126,112 +148,63 @@ def build_session(
         msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
         msgs.append({"role": "tool", "tool_call_id": f"call_{i}", "content": "\n".join(lines)})
     k = rng.randrange(0, max(1, steps // 3))  # an early step: in the condensed part
-    starts = [len(msgs) - 2 * j for j in range(replay - 1, -1, -1)]
-    question = f"QUESTION: what number goes with {keys[k]}? Reply with the number only."
-    return Session(msgs, starts, question, values[k])
-
-
-@dataclass
-class Tally:
-    ms: list[float] = field(default_factory=list)
-    answer_ms: list[float] = field(default_factory=list)  # the question's request only
-    prompt_tokens: list[int] = field(default_factory=list)
-    outcomes: list[bool] = field(default_factory=list)  # normalised match, one per session
-    exact: int = 0
-    errors: int = 0
-    summaries: int = 0  # fresh summaries written
-    fallbacks: int = 0  # a model summary asked, the extractive one given
-    cache_hits: float = 0.0  # prefix-cache tokens (vLLM's counters; the real stack only)
-    cache_queries: float = 0.0
-    sessions: int = 0
-    extending: list[bool] = field(default_factory=list)  # per step after a session's first
-    shared: list[float] = field(default_factory=list)  # share of the previous prompt kept
-
-    def row(self, base: Tally | None) -> dict[str, Any]:
-        ms = statistics.fmean(self.ms) if self.ms else 0.0
-        tokens = statistics.fmean(self.prompt_tokens) if self.prompt_tokens else 0.0
-        asked = len(self.outcomes)
-        out: dict[str, Any] = {
-            "ms_per_step": round(ms, 1),
-            "p95_ms": round(_p95(self.ms), 1),
-            "ms_per_answer": round(statistics.fmean(self.answer_ms), 1) if self.answer_ms else 0,
-            "prompt_tokens_per_step": round(tokens, 1),
-            "prompt_tokens_total": sum(self.prompt_tokens),
-            "accuracy": round(sum(self.outcomes) / asked, 3) if asked else 0.0,
-            "accuracy_ci95": bootstrap_ci(self.outcomes),
-            "exact": round(self.exact / asked, 3) if asked else 0.0,
-            "prefix_cache_hit_rate": _ratio(self.cache_hits, self.cache_queries),
-            "errors": self.errors,
-            "summaries": self.summaries,
-            "summaries_per_session": _ratio(self.summaries, self.sessions),
-            "extends_previous": _ratio(sum(self.extending), len(self.extending)),
-            "prefix_shared": round(statistics.fmean(self.shared), 3) if self.shared else None,
-            "fallbacks": self.fallbacks,
-        }
-        if base is not None:
-            b = base.row(None)
-            out["time_vs_none"] = _ratio(out["ms_per_step"], b["ms_per_step"])
-            out["tokens_vs_none"] = _ratio(
-                out["prompt_tokens_per_step"], b["prompt_tokens_per_step"]
-            )
-            out["accuracy_vs_none"] = _ratio(out["accuracy"], b["accuracy"])
-        return out
-
-
-def _p95(values: list[float]) -> float:
-    return sorted(values)[int(0.95 * (len(values) - 1))] if values else 0.0
-
-
-def _ratio(a: float, b: float) -> float | None:
-    return round(a / b, 3) if b else None
+    return Session(msgs, replayed(msgs, replay), [Question(keys[k], "number", values[k])])
 
 
 def run_session(
     client: httpx.Client, name: str, n: int, s: Session, arm: Arm, tally: Tally
 ) -> None:
-    """One session's replayed steps and question through strategy ``name``'s key."""
+    """One session's replayed steps and questions through strategy ``name``'s key; each
+    question is asked after the whole history, in a request of its own."""
     headers = {"authorization": f"Bearer sk-{name}", "x-gearshift-context-budget": str(arm.budget),
                "x-session-id": f"{name}-{arm.budget}-{n}"}  # fmt: skip
-    asks: list[tuple[list[dict[str, Any]], str | None]] = [
+    asks: list[tuple[list[dict[str, Any]], Question | None]] = [
         (s.messages[:end], None) for end in s.starts
     ]
-    asks.append(([*s.messages, {"role": "user", "content": s.question}], s.value))
+    asks += [([*s.messages, {"role": "user", "content": q.text()}], q) for q in s.questions]
     tally.sessions += 1
+    early: list[Score] = []
+    end: list[Score] = []
     previous: list[int] | None = None  # the last step's prompt token ids
-    for messages, value in asks:
-        body = {"model": arm.model, "messages": messages, "max_tokens": 12, "temperature": 0,
+    for messages, q in asks:
+        body = {"model": arm.model, "messages": messages, "temperature": 0,
+                "max_tokens": 12 if q is None else 24,  # a path is longer than a number
                 "return_token_ids": True}  # fmt: skip
         t0 = time.perf_counter()
         resp = client.post("/v1/chat/completions", json=body, headers=headers)
         took = (time.perf_counter() - t0) * 1000
         if resp.status_code != 200:
             tally.errors += 1
-            if value is not None:
-                tally.outcomes.append(False)
+            if q is not None:
+                (end if q.end else early).append(Score(exact=False, normalised=False))
             continue
         data = resp.json()
         tally.ms.append(took)
         tally.prompt_tokens.append(int(data["usage"]["prompt_tokens"]))
         ids = data.get("prompt_token_ids") or []
-        if previous is not None and ids:
+        if previous is not None and ids:  # a question against the last step, never another
             whole, share = extends(previous, ids)
             tally.extending.append(whole)
             tally.shared.append(share)
-        previous = ids or None
-        done = resp.headers.get("x-gearshift-context", "")
-        if any(f"summarizer={k}" in done for k in ("fast", "full", "extractive")):
-            tally.summaries += 1
-        wanted = (STRATEGIES[name] or {}).get("summarizer")
-        if wanted in ("fast", "full") and "summarizer=extractive" in done:
-            tally.fallbacks += 1
-        if value is not None:
+        if q is None:
+            previous = ids or None
+        count_summaries(name, resp.headers.get("x-gearshift-context", ""), tally)
+        if q is not None:
             text = data["choices"][0]["message"].get("content") or ""
-            result = score(text, value)
             if arm.show_answers:
-                print(f"{name}\t{value}\t{text!r}", file=sys.stderr)
+                print(f"{name}\t{q.value}\t{text!r}", file=sys.stderr)
             tally.answer_ms.append(took)
-            tally.outcomes.append(result.normalised)
-            tally.exact += result.exact
+            (end if q.end else early).append(score(text, q.value, q.kind))
+    tally.answered(s.family, early, end)
+
+
+def count_summaries(name: str, done: str, tally: Tally) -> None:
+    """A step's fresh summary (the answer's context header), and whether it fell back."""
+    if any(f"summarizer={k}" in done for k in ("fast", "full", "extractive")):
+        tally.summaries += 1
+    wanted = (STRATEGIES[name] or {}).get("summarizer")
+    if wanted in ("fast", "full") and "summarizer=extractive" in done:
+        tally.fallbacks += 1
 
 
 @dataclass(frozen=True)
@@ -337,7 +310,7 @@ def upstreams(kind: str, tmp: Path) -> Iterator[tuple[str, str, tuple[str, str],
 def print_table(rows: dict[str, dict[str, Any]]) -> None:
     print(f"{'strategy':<16}{'ms/step':>9}{'p95':>9}{'ms/ans':>8}{'tokens/step':>13}{'acc':>7}"
           f"{'ci95':>14}{'exact':>7}{'time_x':>8}{'tok_x':>9}{'acc_x':>7}{'cache':>7}"
-          f"{'summ':>6}{'s/sess':>7}{'ext':>6}{'fallb':>6}{'err':>5}")  # fmt: skip
+          f"{'summ':>6}{'s/sess':>7}{'ext':>6}{'fallb':>6}{'err':>5}{'end':>6}")  # fmt: skip
     for n, r in rows.items():
         lo, hi = r["accuracy_ci95"]
         print(f"{n:<16}{r['ms_per_step']:>9}{r['p95_ms']:>9}{r['ms_per_answer']:>8}"
@@ -345,56 +318,83 @@ def print_table(rows: dict[str, dict[str, Any]]) -> None:
               f"{r['exact']:>7}{r.get('time_vs_none') or 0:>8}{r.get('tokens_vs_none') or 0:>9}"
               f"{r.get('accuracy_vs_none') or 0:>7}{r['prefix_cache_hit_rate'] or 0:>7}"
               f"{r['summaries']:>6}{r['summaries_per_session'] or 0:>7}"
-              f"{r['extends_previous'] or 0:>6}{r['fallbacks']:>6}{r['errors']:>5}")  # fmt: skip
+              f"{r['extends_previous'] or 0:>6}{r['fallbacks']:>6}{r['errors']:>5}"
+              f"{r['end_task'] if r['end_task'] is not None else '-':>6}")  # fmt: skip
+    families = sorted({f for r in rows.values() for f in r["by_family"]})
+    if len(families) > 1:  # the stored sessions' families: accuracy [95% interval]
+        print(f"{'by family':<16}" + "".join(f"{f:>22}" for f in families))
+        for n, r in rows.items():
+            cells = [r["by_family"].get(f) for f in families]
+            print(f"{n:<16}" + "".join(
+                f"{c['accuracy']:>8} [{c['accuracy_ci95'][0]}-{c['accuracy_ci95'][1]}]".rjust(22)
+                if c else f"{'-':>22}" for c in cells))  # fmt: skip
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="4 sessions on the mock: seconds")
+    p.add_argument("--quick", action="store_true", help="4 seeded sessions on the mock: seconds")
     p.add_argument("--upstream", choices=("mock", "real"), default="mock")
-    p.add_argument("--sessions", type=int, default=40)
-    p.add_argument("--steps", type=int, default=12, help="tool steps per session")
+    p.add_argument("--data", type=Path, default=DATA,
+                   help="the stored sessions (bench.context_sessions) replayed by default")  # fmt: skip
+    p.add_argument("--seeded", action="store_true",
+                   help="sessions generated from --seed (--steps, --fill, --facts) instead")  # fmt: skip
+    p.add_argument("--sessions", type=int, default=None,
+                   help="how many (stored: the first N, default all; seeded: default 40)")  # fmt: skip
+    p.add_argument("--steps", type=int, default=12, help="tool steps per seeded session")
     p.add_argument("--replay", type=int, default=3, help="agent steps sent before the question")
     p.add_argument("--budget", default="0.5", help="share of the window; several: 0.15,0.5")
-    p.add_argument(
-        "--fill",
-        type=float,
-        default=0.85,
-        help="the history at the question, as a share of the window (estimated)",
-    )
+    p.add_argument("--fill", type=float, default=0.85,
+                   help="a seeded session's history at the question, as a share of the window")  # fmt: skip
     p.add_argument(
         "--facts",
         choices=("value", "mixed"),
         default="value",
-        help="value: every fact is a named value (port_3 = 41234); mixed (held out): an "
-        "error, a path, an identifier's line or a named value",
+        help="seeded sessions' facts. value: a named value (port_3 = 41234); mixed (held "
+        "out): an error, a path, an identifier's line or a named value",
     )
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--show-answers", action="store_true", help="each answer to stderr")
+    p.add_argument("--plot", type=Path, default=None,
+                   help="tokens against accuracy per strategy, with 95%% intervals (PNG)")  # fmt: skip
     p.add_argument("--time-limit-s", type=float, default=float("inf"),
                    help="start no session after this long (the stack's start not counted)")  # fmt: skip
     args = p.parse_args()
     if args.quick:
-        args.sessions, args.upstream = 4, "mock"
-    names = [n for n in args.strategies.split(",") if n]
-    unknown = [n for n in names if n not in STRATEGIES]
-    if unknown or "none" not in names:
+        args.sessions, args.upstream, args.seeded = 4, "mock", True
+    if not args.seeded and not args.data.exists():
+        print(f"{args.data} not found: seeded sessions instead", file=sys.stderr)
+        args.seeded = True
+    args.names = [n for n in args.strategies.split(",") if n]
+    unknown = [n for n in args.names if n not in STRATEGIES]
+    if unknown or "none" not in args.names:
         p.error(f"strategies are {', '.join(STRATEGIES)}, 'none' among them (got {unknown})")
     try:
-        shares = [float(b) for b in args.budget.split(",") if b]
+        args.shares = [float(b) for b in args.budget.split(",") if b]
     except ValueError:
         p.error(f"--budget: shares of the window, comma-separated (got {args.budget!r})")
-    if not shares or not all(0 < b <= 1 for b in shares):
+    if not args.shares or not all(0 < b <= 1 for b in args.shares):
         p.error(f"--budget: shares of the window in (0, 1] (got {args.budget!r})")
+    return args
+
+
+def sessions_for(args: argparse.Namespace, window: int) -> list[Session]:
+    if not args.seeded:
+        return stored_sessions(args.data, args.sessions, args.replay)
     rng = random.Random(args.seed)
+    # the history at the question fills --fill of the window: it fits uncondensed
+    chars = int(window * args.fill * 3.2 / args.steps)
+    return [build_session(rng, args.steps, chars, args.replay, args.facts)
+            for _ in range(args.sessions or 40)]  # fmt: skip
+
+
+def main() -> None:
+    args = parse_args()
+    names, shares = args.names, args.shares
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         with upstreams(args.upstream, tmp) as (full, fast, models, window):
-            # the history at the question fills --fill of the window: it fits uncondensed
-            chars = int(window * args.fill * 3.2 / args.steps)
-            sessions = [build_session(rng, args.steps, chars, args.replay, args.facts)
-                        for _ in range(args.sessions)]  # fmt: skip
+            sessions = sessions_for(args, window)
             config = gateway_config(tmp, full, fast, models, window)
             with gateway(tmp, config) as url, httpx.Client(base_url=url, timeout=900) as client:
                 # the full tier answers (the requests pin it); the fast one writes summaries
@@ -413,9 +413,19 @@ def main() -> None:
                                              "strategies": rows}  # fmt: skip
                     ran.append(tallies["none"].sessions)
     first = by_budget[str(shares[0])]
+    if args.plot is not None:
+        plot(first["strategies"], args.plot, f"{ran[0]} sessions, budget {first['budget']} tokens")
+    source = (
+        {"seed": args.seed, "facts": args.facts}
+        if args.seeded
+        else {
+            "data": str(
+                args.data.relative_to(ROOT) if args.data.is_relative_to(ROOT) else args.data
+            )
+        }
+    )
     print(orjson.dumps({
-        "upstream": args.upstream, "sessions": ran[0],
-        "seed": args.seed, "facts": args.facts, "window": window, **first,
+        "upstream": args.upstream, "sessions": ran[0], **source, "window": window, **first,
         "prefix_cache_reset": resets, "by_budget": by_budget if len(shares) > 1 else None,
     }).decode())  # fmt: skip
 

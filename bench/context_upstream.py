@@ -3,8 +3,9 @@ answers that make a condensation's quality checkable without a model.
 
 * a question ``QUESTION: what number goes with <key>?`` is answered by an oracle reader:
   the first five-digit number after ``<key>`` on a line of the prompt (``port_3 = 41234``,
-  ``ERROR job_3 failed: exit status 41234``), else ``unknown``; its accuracy is the share of
-  facts a strategy kept in what the model saw;
+  ``ERROR job_3 failed: exit status 41234``), else ``unknown``; ``what code`` and ``what
+  file`` the same with an error code (``E4821``) or a path (``dist/bundle_2-3fa9c1.tar``);
+  its accuracy is the share of facts a strategy kept in what the model saw;
 * a summary request (the gateway's summarizer instructions) gets ``(mock summary)`` and
   filler lines up to about 80% of its ``max_tokens`` (a small model's summary fills what it
   is given): a stand-in cannot summarize, so model-written summaries are measured on the
@@ -27,7 +28,12 @@ import orjson
 
 from bench.mock_upstream import IDS_RE, STREAM_RE, MockProtocol, chat_answer
 
-QUESTION_RE = re.compile(rb"QUESTION: what number goes with (\w+)\?")
+QUESTION_RE = re.compile(rb"QUESTION: what (number|code|file) goes with (\w+)\?")
+VALUES = {  # a value of each kind, as the stored sessions print it (bench.context_families)
+    b"number": rb"\b(\d{5})\b",
+    b"code": rb"\b(E\d{4})\b",
+    b"file": rb"\b([\w.-]+/[\w./-]*\.(?:tar|json|csv|log|txt|py))\b",
+}
 SUMMARY_MARK = b"You condense an AI agent's working history"
 
 
@@ -36,7 +42,8 @@ def answer(body: bytes) -> bytes:
         wanted = orjson.loads(body).get("max_tokens") or 64
         text = "(mock summary)" + "\n- a step was taken" * int(wanted * 0.8 / 6)
     elif (m := QUESTION_RE.search(body)) is not None:
-        fact = re.search(re.escape(m.group(1)) + rb"\b[^\n\\\"]*?\b(\d{5})\b", body)
+        kind, key = m.group(1), m.group(2)
+        fact = re.search(re.escape(key) + rb"\b[^\n\\\"]*?" + VALUES[kind], body)
         text = fact.group(1).decode() if fact else "unknown"
     else:
         text = "ok"
