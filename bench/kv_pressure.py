@@ -133,20 +133,25 @@ def run_sessions(url: str, shape: Shape) -> tuple[list[list[str]], list[float], 
 
 
 @contextmanager
-def pressure_stack(shape: Shape, watermark: bool) -> Iterator[tuple[str, str, int]]:
+def pressure_stack(shape: Shape, trigger: str | None) -> Iterator[tuple[str, str, int]]:
+    """The stack with the full tier's pool at ``shape.pool_blocks`` blocks, compaction off
+    (``trigger`` None) or on with that trigger (``watermark`` or ``prompt``)."""
     env = {
         "GEARSHIFT_STORE__ENABLED": "false",
         "GEARSHIFT_SANDBOX__ENABLED": "false",
+        # requests wait in vLLM's queue for room in the pool: on a loaded machine longer than
+        # the gateway's 300 s for a whole non-streamed answer
+        "GEARSHIFT_TIMEOUTS__FIRST_BYTE_S": "1800",
         # + 1: vLLM keeps one block of the pool aside (its null block)
         "GEARSHIFT_EMBEDDED__KV_CACHE_BYTES": str((shape.pool_blocks + 1) * BLOCK_BYTES),
         # vLLM refuses a pool that cannot hold one request of max_model_len
         "GEARSHIFT_EMBEDDED__MAX_MODEL_LEN": str(max(256, shape.pool_blocks * BLOCK_TOKENS)),
-        "GEARSHIFT_EMBEDDED__KV_COMPACTION__FULL__ENABLED": str(watermark).lower(),
+        "GEARSHIFT_EMBEDDED__KV_COMPACTION__FULL__ENABLED": str(trigger is not None).lower(),
     }
-    if watermark:
+    if trigger is not None:
         prefix = "GEARSHIFT_EMBEDDED__KV_COMPACTION__FULL__"
         env |= {
-            prefix + "TRIGGER": "watermark",
+            prefix + "TRIGGER": trigger,
             prefix + "TRIGGER_TOKENS": str(shape.trigger_tokens),
             prefix + "BUDGET": shape.budget,
         }
@@ -155,7 +160,7 @@ def pressure_stack(shape: Shape, watermark: bool) -> Iterator[tuple[str, str, in
 
 
 def run_round(shape: Shape, watermark: bool) -> dict[str, Any]:
-    with pressure_stack(shape, watermark) as (url, engine, pid):
+    with pressure_stack(shape, "watermark" if watermark else None) as (url, engine, pid):
         before = read_counters(metrics(engine))
         cpu0, t0 = tree_cpu_seconds(pid), time.perf_counter()
         answers, seconds, right = run_sessions(url, shape)

@@ -15,7 +15,9 @@ at once, from the blocks, not from a concurrent run) and ``time_ratio`` (time pe
 on / off).
 
 ``--trigger watermark`` runs concurrent sessions in a KV pool too small for them all,
-compaction off vs the watermark trigger (``bench.kv_pressure``).
+compaction off vs the watermark trigger (``bench.kv_pressure``); ``--trigger admission``
+sends ``--sessions`` long requests with long decodes at once into a pool that holds about
+two, off vs the prompt trigger, and measures how many run at once (``bench.kv_admission``).
 
 ``--on URL --off URL`` (gateway URLs) with ``--on-engine``/``--off-engine`` (the full
 tier's vLLM server) run the session on stacks already serving, as the end-to-end test's
@@ -225,9 +227,10 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--budget", default="0.5")
     p.add_argument(
-        "--trigger", choices=("prompt", "watermark"), default="prompt",
+        "--trigger", choices=("prompt", "watermark", "admission"), default="prompt",
         help="prompt: one session, compacted after each prefill; watermark: concurrent "
-        "sessions in a small KV pool (bench.kv_pressure)",
+        "sessions in a small KV pool (bench.kv_pressure); admission: long requests at once "
+        "in a pool that holds about two, off vs the prompt trigger (bench.kv_admission)",
     )  # fmt: skip
     p.add_argument(
         "--trigger-tokens", type=int, help="compact prompts longer; default: 1024, 256 (watermark)"
@@ -242,6 +245,27 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     w.add_argument("--max-tokens", type=int, default=24, help="tokens decoded per step")
     w.add_argument("--rounds", type=int, default=2, help="off, on pairs, alternating")
     return p.parse_args(argv)
+
+
+def main_admission(args: argparse.Namespace) -> None:
+    from bench.kv_admission import main as admission
+    from bench.kv_pressure import Shape
+
+    if args.on or args.off:
+        raise SystemExit("--trigger admission starts its own stacks (its KV pool is sized)")
+    # quick: 3 requests of ~700 tokens (6 blocks) in 13 blocks: off runs 2 at once
+    shape = Shape(
+        sessions=3 if args.quick else args.sessions,
+        steps=1,
+        lines=22 if args.quick else args.lines or 40,
+        pool_blocks=13 if args.quick else args.pool_blocks,
+        max_tokens=32 if args.quick else args.max_tokens,
+        trigger_tokens=256 if args.quick else args.trigger_tokens or 512,
+        budget=args.budget,
+    )
+    rounds, result = admission(shape, 1 if args.quick else args.rounds)
+    print(json.dumps({"rounds": rounds}))
+    print(json.dumps(result))
 
 
 def main_watermark(args: argparse.Namespace) -> None:
@@ -268,6 +292,9 @@ def main(argv: list[str] | None = None) -> None:
     args = arguments(argv)
     if args.trigger == "watermark":
         main_watermark(args)
+        return
+    if args.trigger == "admission":
+        main_admission(args)
         return
     # quick: the last step asks about the early fact only (the prefill is the cost)
     steps, lines, last = (
