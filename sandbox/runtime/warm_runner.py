@@ -2,13 +2,15 @@
 seccomp, the session's cgroup), started once per session, and forks a child per call:
 the interpreter's start-up is paid once, and each call still gets a fresh process. The
 child is forked ahead of its call (after the previous call's leftovers were killed) and
-waits for its request, so a call does not wait for the fork either. Nor for the child's
-exit: tearing down a forked interpreter's address space takes a millisecond or more, so a
-child whose code ends normally reports its exit status and resource usage on fd 4 and
-closes its streams first; the runner kills it (it runs no code after that) and answers
-while the kernel finishes the exit, reaping it later. The report is the call's own, like
-its exit status: code that forges it misreports only itself. A child that dies of a signal
-(a limit), or execs a command, reports nothing and is waited for as before.
+waits for its request, so a call does not wait for the fork either, nor for the copies
+of the pages the fork left shared: the child rehearses a call while it waits
+(``_rehearse``). Nor for the child's exit: tearing down a forked interpreter's address
+space takes a millisecond or more, so a child whose code ends normally reports its exit
+status and resource usage on fd 4 and closes its streams first; the runner kills it (it
+runs no code after that) and answers while the kernel finishes the exit, reaping it
+later. The report is the call's own, like its exit status: code that forges it
+misreports only itself. A child that dies of a signal (a limit), or execs a command,
+reports nothing and is waited for as before.
 
 Protocol on fds 0/1: 4-byte big-endian length + JSON, one request and one reply per call.
 A request runs ``code`` in the child, or execs ``argv`` (an absolute path first) there;
@@ -58,10 +60,11 @@ def _read_exact(fd: int, n: int) -> bytes:
 Pending = tuple[int, int, int, int, int, int]
 
 
-def _prefork() -> Pending:
+def _prefork(rehearse: bool) -> Pending:
     """Fork the next call's child now, off the call's path: a fresh copy of this runner
     (which never runs tenant code, and whatever the last call left was swept before this),
-    waiting for its request. Returns (pid, its request pipe, stdin, stdout, stderr and
+    waiting for its request; with ``rehearse`` (the last call ran code, not a command) it
+    rehearses a call first. Returns (pid, its request pipe, stdin, stdout, stderr and
     report ends)."""
     ctl_r, ctl_w = os.pipe()
     i_r, i_w = os.pipe()
@@ -72,13 +75,13 @@ def _prefork() -> Pending:
     if pid == 0:
         for fd in (ctl_w, i_w, o_r, e_r, r_r):
             os.close(fd)
-        _waiting_child(ctl_r, i_r, o_w, e_w, r_w)
+        _waiting_child(ctl_r, i_r, o_w, e_w, r_w, rehearse)
     for fd in (ctl_r, i_r, o_w, e_w, r_w):
         os.close(fd)
     return pid, ctl_w, i_w, o_r, e_r, r_r
 
 
-def _waiting_child(ctl_r: int, i_r: int, o_w: int, e_w: int, r_w: int) -> None:
+def _waiting_child(ctl_r: int, i_r: int, o_w: int, e_w: int, r_w: int, rehearse: bool) -> None:
     os.setsid()
     os.dup2(i_r, 0)
     os.dup2(o_w, 1)
@@ -86,6 +89,8 @@ def _waiting_child(ctl_r: int, i_r: int, o_w: int, e_w: int, r_w: int) -> None:
     os.dup2(ctl_r, 3)
     os.dup2(r_w, REPORT_FD, inheritable=False)  # an exec'd command closes it: waited for
     os.closerange(REPORT_FD + 1, 65536)
+    if rehearse and not select.select([3], [], [], 0)[0]:  # not if its call is there (load)
+        _rehearse(child=True)
     raw = b""
     while chunk := os.read(3, 65536):
         raw += chunk
@@ -93,6 +98,20 @@ def _waiting_child(ctl_r: int, i_r: int, o_w: int, e_w: int, r_w: int) -> None:
     if not raw:  # the runner went away before a call came
         os._exit(0)
     _child(json.loads(raw))
+
+
+def _rehearse(child: bool) -> None:
+    """Go through a call's motions on a dummy, while waiting: after a fork, the first
+    write to each page this process shares with the other copies it (a fault of a few
+    microseconds; a call's compile, JSON and report touch a couple of hundred pages,
+    over a millisecond here). Done now, the call finds them copied. The child compiles
+    and runs a constant statement in a namespace of its own, which it then drops: no
+    output, nothing the call can see. A call that execs a command (``run_shell``) gains
+    nothing from it (about a CPU-ms spent in vain): the child after such a call skips it."""
+    json.loads(json.dumps({"code": "", "argv": None, "stdin": "", "cpu_s": 1.0}))
+    resource.getrusage(resource.RUSAGE_SELF)
+    if child:
+        exec(compile("_ = 1\n", "<tool>", "exec"), {"__name__": "__main__"})
 
 
 def _send(body: dict[str, Any]) -> None:
@@ -252,7 +271,7 @@ def serve() -> None:
     _no_peeking()
     gc.freeze()  # what exists now is never collected: fewer pages copied in each child
     announce = sys.argv[1:] == ["announce"]
-    pending = _prefork()
+    pending = _prefork(rehearse=True)
     if announce:
         _send({"forked": pending[0]})
     while True:
@@ -286,9 +305,10 @@ def serve() -> None:
             "usage": usage,
         }
         _send(reply)
-        pending = _prefork()  # while the service handles the reply
+        pending = _prefork(rehearse=not req.get("argv"))  # while the service handles the reply
         if announce:
             _send({"forked": pending[0]})
+        _rehearse(child=False)
         with contextlib.suppress(ChildProcessError):  # reaped already, unless it reported
             os.waitpid(pid, 0)  # killed by the sweep: its exit is ending meanwhile
 

@@ -236,6 +236,27 @@ async def test_a_warm_call_answers_from_its_childs_report_and_kills_the_child(
         await sandbox.close()
 
 
+async def test_the_childs_rehearsal_leaves_nothing_a_call_can_see(config: SandboxConfig):
+    """A pre-forked child compiles and runs a dummy statement before its call (the pages
+    that copies are then copied off the call's path; not after a ``run_shell``, whose
+    command gains nothing from it): a call's namespace, output and modules are its own
+    all the same, on a session's first call, on later ones and after a command."""
+    sandbox = Sandbox(config.model_copy(update={"warm": True}))
+    h = Harness(sandbox, "warm")
+    code = "import sys; print(sorted(globals()), '_' in vars(sys.modules['builtins']))"
+    own = (0, "['__builtins__', '__name__', 'sys'] False\n", "")
+    try:
+        for _ in range(2):
+            r = await h.py(code)
+            assert (r.exit_status, r.stdout, r.stderr) == own, r
+        assert ((await h.sh("echo 1")).stdout, (await h.sh("true")).stdout) == ("1\n", "")
+        r = await h.py(code)
+        assert (r.exit_status, r.stdout, r.stderr) == own, r
+        assert (await h.py("pass")).stdout == ""
+    finally:
+        await sandbox.close()
+
+
 def test_the_runner_refuses_to_run_outside_its_sandbox():
     """Its sweep kills every process it can see: on a host, that would be all of them.
     Tried in a pid namespace of its own, so that a regression kills nothing else."""
