@@ -13,7 +13,9 @@ that it can be set beside a load generator's slowest requests (``bench.loadgen``
 * ``call``: one of the request path's stages (parse, route, upstream body, finish, the
   recorder's hand-off) that took long itself;
 * ``writer``: the recorder's writer process (a child of the gateway) busy on the CPU for
-  most of a 20 ms window: with the gateway on the same core it takes the core from it.
+  most of a 20 ms window: with the gateway on the same core it takes the core from it;
+* ``request``: every completion request, with where its time went (``bench.stall_tail``
+  sets the slowest 1% at concurrency 1 beside the rest).
 
 The probes cost CPU (the loop probe wakes 500 times a second): use the figures of a probed
 run for where time goes, not for CPU per request. ``bench.gateway_overhead --probe`` uses it.
@@ -56,6 +58,10 @@ STAGES = [
     ("gateway.routing.calibration", "refit_from_traffic"),
     ("gateway.routing.control", "ControlSync._refresh"),
 ]
+# logged whatever their length: a short GIL hold still delays the loop (the switch interval)
+THREAD_STAGES = {"refit_from_traffic", "ControlSync._refresh"}
+# the garbage collector's wall time so far, for a request's share of it
+GC_SPENT_MS = [0.0]
 
 
 class Log:
@@ -85,6 +91,7 @@ def watch_gc(log: Log) -> None:
         ms = (time.perf_counter() - started.get("perf", time.perf_counter())) * 1000
         cpu = _cpu_ms(started.get("cpu", time.thread_time()))
         gen = info["generation"]
+        GC_SPENT_MS[0] += ms
         totals[gen][0] += 1
         totals[gen][1] += cpu
         totals[gen][2] += info["collected"]
@@ -117,7 +124,9 @@ def _cpu_ms(since: float) -> float:
     return round((time.thread_time() - since) * 1000, 2)
 
 
-def timed(log: Log, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+def timed(
+    log: Log, name: str, fn: Callable[..., Any], threshold_ms: float = CALL_MS
+) -> Callable[..., Any]:
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
@@ -126,7 +135,7 @@ def timed(log: Log, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 return await fn(*args, **kwargs)
             finally:
-                if (ms := (time.perf_counter() - t0) * 1000) >= CALL_MS:
+                if (ms := (time.perf_counter() - t0) * 1000) >= threshold_ms:
                     log.event("call", wall, ms, name=name, cpu_ms=_cpu_ms(c0))
 
         return async_wrapper
@@ -137,7 +146,7 @@ def timed(log: Log, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         finally:
-            if (ms := (time.perf_counter() - t0) * 1000) >= CALL_MS:
+            if (ms := (time.perf_counter() - t0) * 1000) >= threshold_ms:
                 log.event("call", wall, ms, name=name, cpu_ms=_cpu_ms(c0))
 
     return wrapper
@@ -149,8 +158,9 @@ def time_stages(log: Log) -> None:
         *outer, attr = path.split(".")
         for part in outer:
             owner = getattr(owner, part)
+        threshold = 0.0 if path in THREAD_STAGES else CALL_MS
         setattr(owner, attr, timed(log, path.rsplit(".", 1)[-1] if not outer else path,
-                                   getattr(owner, attr)))  # fmt: skip
+                                   getattr(owner, attr), threshold))  # fmt: skip
 
 
 def _run_queue_s() -> float:
@@ -191,6 +201,59 @@ def watch_loop(log: Log) -> None:
             probe.cancel()
 
     uvicorn.Server.serve = probed  # type: ignore[method-assign]
+
+
+def _children_on_cpu_s(pids: list[int]) -> float:
+    """The CPU time so far of the processes ``pids`` (nanosecond clock, unlike ``/stat``)."""
+    total = 0
+    for pid in pids:
+        try:
+            total += int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
+
+
+def time_requests(log: Log) -> None:
+    """A ``request`` line for every completion request: its wall ms, the loop thread's CPU
+    (``cpu_ms``), its time runnable but waiting for a core (``queued_ms``), the other threads'
+    CPU meanwhile (``threads_ms``: they hold the GIL), the collector's wall ms (``gc_ms``),
+    the child processes' CPU (``children_ms``: the recorder's writer, the sandbox), the body's
+    bytes and whether the answer streamed. Whatever is left the loop thread spent blocked:
+    on the upstream, the client, or the GIL."""
+    from gateway.http.entry import COMPLETION_PATHS, GatewayEntry
+
+    call = GatewayEntry.__call__
+    kids: list[list[int]] = [children()]
+
+    async def probed(self: GatewayEntry, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] not in COMPLETION_PATHS:
+            await call(self, scope, receive, send)
+            return
+        streamed = [False]
+
+        async def watched(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                streamed[0] = any(v.startswith(b"text/event-stream") for _, v in
+                                  message.get("headers", []))  # fmt: skip
+            await send(message)
+
+        size = next((int(v) for k, v in scope["headers"] if k == b"content-length"), 0)
+        wall, t0, c0, p0 = time.time(), time.perf_counter(), time.thread_time(), time.process_time()
+        q0, g0, k0 = _run_queue_s(), GC_SPENT_MS[0], _children_on_cpu_s(kids[0])
+        try:
+            await call(self, scope, receive, watched)
+        finally:
+            ms = (time.perf_counter() - t0) * 1000
+            cpu = (time.thread_time() - c0) * 1000
+            log.event("request", wall, ms, bytes=size, stream=streamed[0], cpu_ms=round(cpu, 3),
+                      queued_ms=round((_run_queue_s() - q0) * 1000, 3),
+                      threads_ms=round((time.process_time() - p0) * 1000 - cpu, 3),
+                      gc_ms=round(GC_SPENT_MS[0] - g0, 3),
+                      children_ms=round((_children_on_cpu_s(kids[0]) - k0) * 1000, 3))  # fmt: skip
+            kids[0] = children()
+
+    GatewayEntry.__call__ = probed  # type: ignore[method-assign]
 
 
 def _cpu_s(pid: int) -> float:
@@ -251,7 +314,11 @@ def report(path: Path, cells: dict[str, dict[str, dict[int, dict[str, Any]]]]) -
     events = read(path)
     out: dict[str, Any] = {"events": {}, "slowest_with": {}}
     totals = [e for e in events if e["kind"] == "gc_totals"]
-    events = [e for e in events if e["kind"] not in ("gc_totals", "census")]
+    from bench import stall_tail  # it reads this module's names
+
+    out["tail"] = stall_tail.tail(events)
+    stall_tail.show(out["tail"])
+    events = [e for e in events if e["kind"] not in ("gc_totals", "census", "request")]
     if totals:
         out["gc_totals"] = totals[-1]["totals"]  # [collections, CPU-ms, freed] by generation
     for e in events:
@@ -277,6 +344,7 @@ def main() -> None:
     log.event("probe", time.time(), 0.0, pid=os.getpid())  # it started
     watch_gc(log)
     time_stages(log)
+    time_requests(log)
     watch_loop(log)
     watch_writer(log)
     census(log)
