@@ -10,13 +10,19 @@ benchmark run gets the same bytes:
 ``session_bodies`` gives the whole session the body ends: the 15 requests the agent sent,
 from the first (system prompt and task) to this one, each the previous one's messages
 plus a tool call and its result (``bench.loadgen --sessions`` sends them so).
+``session_answers`` gives what the model answered at each step: the tool call the next
+request carries (the last step: a closing text), which ``bench.mock_upstream`` answers
+with, so that the agent echoes the answers it got, as agents do. The task names the
+session's seed (``TICKET``): every session's first request is its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
+import re
 from typing import Any
 
 RESULTS = 14
@@ -178,6 +184,10 @@ def _result(name: str, rng: random.Random) -> str:
     return "".join(parts)[:size]
 
 
+TICKET = re.compile(rb"\(ticket OPS-(\d+)\)")  # the seed, in the task
+CLOSING = "The limit was applied before the filter; moved it after, and the tests pass."
+
+
 def agent_body(seed: int = 0) -> dict[str, Any]:
     """The request (without ``model`` and ``stream``): deterministic for a seed."""
     return session_bodies(seed)[-1]
@@ -191,7 +201,8 @@ def session_bodies(seed: int = 0, results: int = RESULTS) -> list[dict[str, Any]
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": "The nightly archive job fails with 'too many orders' "
-         "since the last release. Find the cause, fix it, and make sure the tests pass."},
+         f"since the last release (ticket OPS-{seed}). Find the cause, fix it, and make sure "
+         "the tests pass."},
     ]  # fmt: skip
     bodies = [_request(messages)]
     for i in range(results):
@@ -205,6 +216,16 @@ def session_bodies(seed: int = 0, results: int = RESULTS) -> list[dict[str, Any]
         messages.append({"role": "tool", "tool_call_id": call["id"], "content": _result(name, rng)})
         bodies.append(_request(messages))
     return bodies
+
+
+def session_answers(seed: int = 0, results: int = RESULTS) -> list[dict[str, Any]]:
+    """The model's answer to each request of ``session_bodies(seed, results)``: the
+    assistant message the next request carries, and ``CLOSING`` for the last."""
+    bodies = session_bodies(seed, results)
+    answers = [
+        after["messages"][len(before["messages"])] for before, after in itertools.pairwise(bodies)
+    ]
+    return [*answers, {"role": "assistant", "content": CLOSING}]
 
 
 def _request(messages: list[dict[str, Any]]) -> dict[str, Any]:

@@ -20,7 +20,13 @@ counts on /metrics): that CPU counts for the cell, and the requests/s it sustain
 that time (``sustained_rps``).
 
     python -m bench.gateway_overhead [--quick] [--no-litellm] [--bodies chat,agent,session]
-        [--probe FILE] [--writer-nice N] [--plot FILE]
+        [--probe FILE] [--writer-nice N] [--plot FILE] [--mock-answers session|canned]
+
+The mock answers a session's step with the tool call its next request carries, so the
+agents echo the answers they got, as agents do (``bench.mock_upstream``);
+``--mock-answers canned`` answers every step with the same sentence, which no next request
+carries: the worst case for the recorder's chain (and, for sessions without an id, for
+routing's).
 
 ``--probe FILE`` runs ``gearshift_op`` under bench.stall_probe (its events into FILE) and
 prints, for each of its concurrency-1 cells, the slowest requests with what the probe saw
@@ -47,6 +53,7 @@ import orjson
 
 from bench import stall_probe
 from bench.agent_body import agent_body
+from bench.mock_upstream import ANSWERS
 from bench.procs import pinned, start, stop, tree_cpu_seconds, wait_http
 from bench.proxies import (
     CLIENT_CORE,
@@ -195,7 +202,7 @@ def operator_summary(cells: Cells, mode: str) -> dict[str, float | None]:
     return out
 
 
-def summarize(cells: Cells, sandbox: str) -> dict[str, object]:
+def summarize(cells: Cells, sandbox: str, answers: str = "session") -> dict[str, object]:
     summary: dict[str, object] = {}
     for mode in MODES:
         if "gearshift" in cells:
@@ -216,6 +223,7 @@ def summarize(cells: Cells, sandbox: str) -> dict[str, object]:
         for name, by_body in cells.items()
     }  # fmt: skip
     summary["sandbox"] = sandbox
+    summary["mock_answers"] = answers
     summary["agent_body_bytes"] = len(orjson.dumps(agent_body()))
     summary["targets"] = TARGETS
     summary["note"] = "CPU-only machine; absolute times are indicative, ratios are the result"
@@ -273,13 +281,14 @@ def start_targets(
 
 def run(
     tmp: Path, with_litellm: bool, quick: bool, bodies: tuple[str, ...] = BODIES,
-    probe: Path | None = None, writer_nice: int = 0,
+    probe: Path | None = None, writer_nice: int = 0, answers: str = "session",
 ) -> tuple[Cells, str]:  # fmt: skip
     agent = tmp / "agent.json"
     agent.write_bytes(orjson.dumps(agent_body()))
     load = {"chat": [], "agent": ["--body", str(agent)], "session": ["--sessions"]}
     mock_port, mock_log = free_port(), tmp / "mock.log"
-    argv = [sys.executable, "-m", "bench.mock_upstream", "--port", str(mock_port)]
+    argv = [sys.executable, "-m", "bench.mock_upstream", "--port", str(mock_port),
+            "--answers", answers]  # fmt: skip
     mock = start(pinned(argv, CLIENT_CORE), mock_log)
     targets: list[Target] = []
     try:
@@ -320,15 +329,20 @@ def main() -> None:
     parser.add_argument(
         "--plot", type=Path, help="also draw the results into this PNG (needs matplotlib)"
     )
+    parser.add_argument(
+        "--mock-answers", choices=ANSWERS, default="session",
+        help="session: each step answered with what the next one carries; canned: one sentence",
+    )  # fmt: skip
     args = parser.parse_args()
     bodies = tuple(b for b in BODIES if b in args.bodies.split(","))
     with tempfile.TemporaryDirectory(prefix="gearshift-bench-") as tmpdir:
         cells, sandbox = run(
-            Path(tmpdir), not args.no_litellm, args.quick, bodies, args.probe, args.writer_nice
-        )
+            Path(tmpdir), not args.no_litellm, args.quick, bodies, args.probe, args.writer_nice,
+            args.mock_answers,
+        )  # fmt: skip
     if args.plot:
         plot(cells, args.plot)
-    summary = summarize(cells, sandbox)
+    summary = summarize(cells, sandbox, args.mock_answers)
     if args.probe:
         summary["probe"] = stall_probe.report(args.probe, cells["gearshift_op"])
     print(json.dumps(summary))

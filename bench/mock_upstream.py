@@ -13,7 +13,16 @@ of JSON. ``POST /tokenize`` answers in vLLM's shape (``count``, ``max_model_len`
 ``model``: every tier served by one mock is then one family to the gateway's start-up
 check, and its token calibration has counts to fit.
 
+What it answers: a request of a ``bench.agent_body`` session (its task names the session)
+gets the assistant message that the session's next request carries (``session_answers``:
+a tool call, streamed as tool-call deltas; the last step a closing text), so an agent
+echoes the answer it got, as agents do; any other request, a canned sentence.
+``--answers canned`` answers every request with that sentence: the worst case for anything
+that links a step to the answer before it (the recorder's chain, prefix caches), since no
+request then carries the answer it got.
+
     python -m bench.mock_upstream --port 9001 [--chunks 20] [--gap-ms 1] [--latency-ms 0]
+        [--answers session|canned]
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ from typing import Any
 
 import orjson
 
+from bench.agent_body import TICKET, session_answers
+
 STREAM_RE = re.compile(rb'"stream"\s*:\s*true')
 USAGE_RE = re.compile(rb'"include_usage"\s*:\s*true')
 IDS_RE = re.compile(rb'"return_token_ids"\s*:\s*true')
@@ -34,6 +45,56 @@ LOGPROBS_RE = re.compile(rb'"logprobs"\s*:\s*true')
 MAX_MODEL_LEN = 8192
 ANSWER = "The capital of France is Paris."
 MODEL_RE = re.compile(rb'"model"\s*:\s*"([^"]*)"')
+CANNED = {"role": "assistant", "content": ANSWER}
+ANSWERS = ("session", "canned")
+TOOL_RESULT = b'"tool_call_id"'  # one in each tool message of a request
+
+
+@functools.lru_cache(maxsize=256)
+def _answers(seed: int) -> tuple[dict[str, Any], ...]:
+    return tuple(session_answers(seed))
+
+
+def session_answer(body: bytes) -> dict[str, Any] | None:
+    """The answer to a request of a ``bench.agent_body`` session: the assistant message its
+    next request carries (its step: the tool results it holds); None for another request."""
+    m = TICKET.search(body)
+    if m is None:
+        return None
+    answers = _answers(int(m.group(1)))
+    return answers[min(body.count(TOOL_RESULT), len(answers) - 1)]
+
+
+def _split(text: str, n: int) -> list[str]:
+    """``text`` in ``n`` consecutive pieces (some empty when it is shorter)."""
+    return [text[i * len(text) // n : (i + 1) * len(text) // n] for i in range(n)]
+
+
+def _deltas(message: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """``message`` as about ``n`` stream deltas: its text in pieces, or each tool call as
+    vLLM streams one (id and name first, then the arguments in pieces)."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return [{"content": piece} for piece in _split(message.get("content") or "", n)]
+    out: list[dict[str, Any]] = []
+    per = max(1, n // len(calls) - 1)
+    for i, call in enumerate(calls):
+        fn = call["function"]
+        head = {"name": fn["name"], "arguments": ""}
+        out.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                    "function": head}]})  # fmt: skip
+        out += [
+            {"tool_calls": [{"index": i, "function": {"arguments": piece}}]}
+            for piece in _split(fn["arguments"], per)
+        ]
+    return out
+
+
+def _tokens(message: dict[str, Any]) -> list[str]:
+    """The answer's tokens, about: its words (the tool calls' arguments' for a call)."""
+    calls = message.get("tool_calls") or ()
+    text = message.get("content") or " ".join(c["function"]["arguments"] for c in calls)
+    return [w + " " for w in text.split()] + ["<|im_end|>"]
 
 
 def _logprobs(tokens: list[str]) -> dict[str, object]:
@@ -87,12 +148,19 @@ def tokenize(body: bytes) -> bytes:
     )
 
 
-def _completion(model: bytes, ids: bool = False, logprobs: bool = False, prompt: int = 40) -> bytes:
-    tokens = [w + " " for w in ANSWER.split()] + ["<|im_end|>"]
+def _completion(
+    model: bytes,
+    ids: bool = False,
+    logprobs: bool = False,
+    prompt: int = 40,
+    message: dict[str, Any] | None = None,
+) -> bytes:
+    message = message or CANNED
+    tokens = _tokens(message)
     choice: dict[str, object] = {
         "index": 0,
-        "message": {"role": "assistant", "content": ANSWER},
-        "finish_reason": "stop",
+        "message": message,
+        "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
         "logprobs": _logprobs(tokens) if logprobs else None,
     }
     data: dict[str, object] = {
@@ -115,7 +183,7 @@ def _completion(model: bytes, ids: bool = False, logprobs: bool = False, prompt:
 
 def _event(
     model: bytes,
-    delta: dict[str, str],
+    delta: dict[str, Any],
     finish: str | None = None,
     capture: tuple[bool, bool] = (False, False),
     k: int = -1,
@@ -149,10 +217,13 @@ def _chunked(data: bytes) -> bytes:
 
 
 class MockProtocol(asyncio.Protocol):
-    def __init__(self, chunks: int, gap_s: float, latency_s: float = 0.0) -> None:
+    def __init__(
+        self, chunks: int, gap_s: float, latency_s: float = 0.0, answers: str = "session"
+    ) -> None:
         self.chunks = chunks
         self.gap_s = gap_s
         self.latency_s = latency_s
+        self.sessions = answers == "session"  # else every answer is the canned one
         self.buf = b""
         self.tasks: set[asyncio.Future[None]] = set()
         self.transport: Any = None  # uvloop's transports are not asyncio.Transport subclasses
@@ -189,12 +260,14 @@ class MockProtocol(asyncio.Protocol):
         model = m.group(1) if m else b"mock"
         capture = (bool(IDS_RE.search(body)), bool(LOGPROBS_RE.search(body)))
         prompt = prompt_tokens(body)
+        message = session_answer(body) if self.sessions else None
         if STREAM_RE.search(body):
-            self.spawn(self.stream(model, bool(USAGE_RE.search(body)), capture, prompt))
+            usage = bool(USAGE_RE.search(body))
+            self.spawn(self.stream(model, usage, capture, prompt, message))
         elif self.latency_s:
-            self.spawn(self.answer(_completion(model, *capture, prompt)))
+            self.spawn(self.answer(_completion(model, *capture, prompt, message)))
         else:
-            self.write_answer(_completion(model, *capture, prompt))
+            self.write_answer(_completion(model, *capture, prompt, message))
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -213,8 +286,20 @@ class MockProtocol(asyncio.Protocol):
         )
 
     async def stream(
-        self, model: bytes, usage: bool, capture: tuple[bool, bool], prompt: int
+        self,
+        model: bytes,
+        usage: bool,
+        capture: tuple[bool, bool],
+        prompt: int,
+        message: dict[str, Any] | None = None,
     ) -> None:
+        """``message`` streamed (the canned answer: ``chunks`` numbered words)."""
+        if message is None:
+            deltas = [{"content": f" tok{i}"} for i in range(self.chunks)]
+            finish = "stop"
+        else:
+            deltas = _deltas(message, self.chunks)
+            finish = "tool_calls" if message.get("tool_calls") else "stop"
         t = self.transport
         assert t is not None
         if self.latency_s:
@@ -225,18 +310,18 @@ class MockProtocol(asyncio.Protocol):
                 _event(model, {"role": "assistant", "content": ""}, capture=capture, prompt=prompt)
             )
         )
-        for i in range(self.chunks):
+        for i, delta in enumerate(deltas):
             await asyncio.sleep(self.gap_s)
             if t.is_closing():
                 return
-            finish = "stop" if i == self.chunks - 1 else None
-            t.write(_chunked(_event(model, {"content": f" tok{i}"}, finish, capture, i)))
+            last = finish if i == len(deltas) - 1 else None
+            t.write(_chunked(_event(model, delta, last, capture, i)))
         tail = b""
         if usage:
             u = {
                 "prompt_tokens": prompt,
-                "completion_tokens": self.chunks,
-                "total_tokens": prompt + self.chunks,
+                "completion_tokens": len(deltas),
+                "total_tokens": prompt + len(deltas),
             }
             tail = (
                 b"data: "
@@ -256,10 +341,12 @@ class MockProtocol(asyncio.Protocol):
             t.write(_chunked(tail + b"data: [DONE]\n\n") + b"0\r\n\r\n")
 
 
-async def serve(port: int, chunks: int, gap_s: float, latency_s: float = 0.0) -> None:
+async def serve(
+    port: int, chunks: int, gap_s: float, latency_s: float = 0.0, answers: str = "session"
+) -> None:
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: MockProtocol(chunks, gap_s, latency_s), "127.0.0.1", port, backlog=1024
+        lambda: MockProtocol(chunks, gap_s, latency_s, answers), "127.0.0.1", port, backlog=1024
     )
     async with server:
         await server.serve_forever()
@@ -271,8 +358,13 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=20)
     parser.add_argument("--gap-ms", type=float, default=1.0)
     parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument(
+        "--answers", choices=ANSWERS, default="session",
+        help="session: a bench.agent_body session's request gets the answer its next request "
+        "carries; canned: every request gets the same sentence",
+    )  # fmt: skip
     args = parser.parse_args()
-    coro = serve(args.port, args.chunks, args.gap_ms / 1000, args.latency_ms / 1000)
+    coro = serve(args.port, args.chunks, args.gap_ms / 1000, args.latency_ms / 1000, args.answers)
     try:
         import uvloop
 

@@ -5,26 +5,68 @@ times, and the gateway needs some of the same numbers after the decision: the pr
 estimate it learns from when the tier reports its count, and where the conversation ends,
 which the session's next step is sized from. ``RouteRequest.analysis`` holds one
 ``Analysis`` per request and every policy's ``Decision.analysis`` carries it back.
+
+An agent resends its whole conversation at every step. What the counts and the features
+read of the messages is summed message by message (``Tally``), so a step whose messages
+begin with the session's last step's (the gateway keeps that step's tally) reads only the
+messages it appends: the same counts and features, at a cost that does not grow with the
+conversation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from router.step_features import Step, analyse
-from router.tokens import DEFAULT, Anchor, Counts, TokenModel, anchored, counts, position
+from router.step_features import Step, Turns, analyse
+from router.tokens import DEFAULT, Anchor, Counts, Sums, TokenModel, anchored, counts, position
+
+PER_MESSAGE = 256  # bytes a kept message costs beyond its text, about (``Tally.size``)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Tally:
+    """What the router read of a chat request's messages (``tokens.Sums`` for the counts,
+    ``step_features.Turns`` for the features), and the messages it read."""
+
+    messages: list[Any]  # a copy of the request's list (its message objects)
+    sums: Sums
+    turns: Turns
+
+    @classmethod
+    def of(cls, messages: list[Any]) -> Tally:
+        return cls(messages[:], Sums().extended(messages), Turns().extended(messages))
+
+    def extended(self, messages: list[Any]) -> Tally | None:
+        """The tally of ``messages`` when they begin with the messages read here (compared
+        as the values they parse to, as ``gateway.store.chain`` compares histories): only
+        the rest is read. None when they do not: a client that edited or compacted its
+        history is read afresh."""
+        n = len(self.messages)
+        if len(messages) < n or messages[:n] != self.messages:
+            return None
+        if len(messages) == n:
+            return self
+        added = messages[n:]
+        return Tally(messages[:], self.sums.extended(added), self.turns.extended(added))
+
+    @property
+    def size(self) -> int:
+        """About the bytes the messages it keeps alive hold."""
+        return self.sums.chars + self.sums.json_chars + PER_MESSAGE * len(self.messages)
 
 
 class Analysis:
     """The request's prompt counts, prompt-token estimate, step features and position.
 
     Reading a property computes it the first time and returns the same object afterwards
-    (two threads reading it at once may both compute it; the results are equal)."""
+    (two threads reading it at once may both compute it; the results are equal).
+    ``prior``: the tally of the session's last step, which this one may extend."""
 
     __slots__ = (
-        "_anchor", "_body", "_counts", "_position", "_positioned", "_prompt_tokens", "_step",
-        "_tokens",
+        "_anchor", "_body", "_counts", "_position", "_positioned", "_prior", "_prompt_tokens",
+        "_step", "_tallied", "_tally", "_tokens",
     )  # fmt: skip
 
     def __init__(
@@ -32,10 +74,14 @@ class Analysis:
         body: Mapping[str, Any],
         tokens: TokenModel | None = None,
         anchor: Anchor | None = None,
+        prior: Tally | None = None,
     ) -> None:
         self._body = body
         self._tokens = tokens or DEFAULT
         self._anchor = anchor
+        self._prior = prior
+        self._tally: Tally | None = None
+        self._tallied = False
         self._counts: Counts | None = None
         self._prompt_tokens: tuple[int, bool] | None = None
         self._step: Step | None = None
@@ -46,7 +92,8 @@ class Analysis:
     def counts(self) -> Counts:
         """What the prompt-token estimate is made of (``router.tokens.counts``)."""
         if self._counts is None:
-            self._counts = counts(self._body)
+            tally = self.tally
+            self._counts = counts(self._body, tally.sums if tally is not None else None)
         return self._counts
 
     @property
@@ -62,8 +109,25 @@ class Analysis:
         """The step's structural features (``router.step_features``), sized by
         ``prompt_tokens``."""
         if self._step is None:
-            self._step = analyse(self._body, self._tokens, self.counts, self.prompt_tokens[0])
+            tally = self.tally
+            turns = tally.turns if tally is not None else None
+            self._step = analyse(
+                self._body, self._tokens, self.counts, self.prompt_tokens[0], turns
+            )
         return self._step
+
+    @property
+    def tally(self) -> Tally | None:
+        """The messages' tally: ``prior`` extended with the messages this request appends
+        to prior's, else read afresh; None for a completions request."""
+        if not self._tallied:
+            messages = self._body.get("messages")
+            if isinstance(messages, list):
+                prior = self._prior
+                extended = prior.extended(messages) if prior is not None else None
+                self._tally = Tally.of(messages) if extended is None else extended
+            self._tallied = True
+        return self._tally
 
     @property
     def position(self) -> tuple[int, int] | None:

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from router.tokens import DEFAULT, Counts, TokenModel, counts
-
-if TYPE_CHECKING:  # router.types builds a request's Analysis, which is made of this module
-    pass
 
 # Cheap substring tests first (C speed), and bounded patterns only after a hint matched: a
 # hostile request must not be able to make a decision slow. The tests also see only SCAN
@@ -89,6 +86,42 @@ def _text(content: object) -> str:
     return ""
 
 
+def _ends(text: str) -> str:
+    """SCAN characters at each end of ``text``."""
+    return text if len(text) <= 2 * SCAN else text[:SCAN] + "\n" + text[-SCAN:]
+
+
+@dataclass(frozen=True, slots=True)
+class Turns:
+    """What ``analyse`` reads of a chat request's messages, one message after another, like
+    ``tokens.Sums``: a session's next step extends its last step's turns with the messages
+    it appends (``router.analysis.Tally``)."""
+
+    messages: int = 0
+    user_turns: int = 0
+    user: str | None = None  # the last user message's text (``_ends``); None: none yet
+    depth: int = 0  # assistant messages with tool calls after the last user message
+    tool: object = None  # the content of the last tool message after it (None: none)
+
+    def extended(self, messages: Iterable[Any]) -> Turns:
+        """The turns of the messages read so far followed by ``messages``."""
+        n, users, depth, tool = self.messages, self.user_turns, self.depth, self.tool
+        last_user: Mapping[str, Any] | None = None
+        for m in messages:
+            if not isinstance(m, dict | Mapping):
+                continue
+            n += 1
+            role = m.get("role")
+            if role == "user":
+                users, last_user, depth, tool = users + 1, m, 0, None
+            elif role == "assistant" and m.get("tool_calls"):
+                depth += 1
+            elif role == "tool":
+                tool = m.get("content")
+        user = self.user if last_user is None else _ends(_text(last_user.get("content")))
+        return Turns(n, users, user, depth, tool)
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
     features: dict[str, float]
@@ -105,26 +138,19 @@ def analyse(
     tokens: TokenModel | None = None,
     sizes: Counts | None = None,
     prompt_tokens: int | None = None,
+    turns: Turns | None = None,
 ) -> Step:
     """The step's features; ``tokens`` estimates its prompt tokens (``router.tokens``)
-    unless the caller knows them better (``prompt_tokens``: ``Analysis.prompt_tokens``)."""
-    messages = body.get("messages")
-    msgs = (
-        [m for m in messages if isinstance(m, dict | Mapping)]
-        if isinstance(messages, list | Sequence)
-        else []
-    )
-    last_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=-1)
-    tail = msgs[last_user + 1 :]
-    tool_msgs = [m for m in tail if m.get("role") == "tool"]
+    unless the caller knows them better (``prompt_tokens``: ``Analysis.prompt_tokens``);
+    ``turns``: its messages' ``Turns`` when the caller has them."""
+    if turns is None:
+        messages = body.get("messages")
+        turns = Turns().extended(messages if isinstance(messages, list | Sequence) else ())
     prompt = body.get("prompt")
-    user_text = (
-        _text(msgs[last_user].get("content"))
-        if last_user >= 0
-        else (prompt if isinstance(prompt, str) else "")
-    )
-    if len(user_text) > 2 * SCAN:
-        user_text = user_text[:SCAN] + "\n" + user_text[-SCAN:]
+    if turns.user is not None:
+        user_text = turns.user
+    else:
+        user_text = _ends(prompt) if isinstance(prompt, str) else ""
     sizes = counts(body) if sizes is None else sizes
     if prompt_tokens is None:
         prompt_tokens = (tokens or DEFAULT).estimate_counts(sizes)
@@ -133,11 +159,11 @@ def analyse(
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     return Step({
         "prompt_tokens": float(prompt_tokens),
-        "messages": float(len(msgs)),
-        "user_turns": float(sum(1 for m in msgs if m.get("role") == "user")),
+        "messages": float(turns.messages),
+        "user_turns": float(turns.user_turns),
         "tools_offered": float(len(body.get("tools") or ())),
-        "tool_loop_depth": float(sum(1 for m in tail if m.get("role") == "assistant" and m.get("tool_calls"))),
-        "last_tool_error": float(bool(tool_msgs) and tool_error(_text(tool_msgs[-1].get("content")))),
+        "tool_loop_depth": float(turns.depth),
+        "last_tool_error": float(tool_error(_text(turns.tool))),
         "code": float(_code_math(user_text)[0]),
         "math": float(_code_math(user_text)[1]),
         "structured_output": float(isinstance(fmt, dict | Mapping) and fmt.get("type") in ("json_schema", "json_object")),

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -190,66 +190,113 @@ def _tools_len_of(key: bytes) -> int:
     return sum(_json_len(t) for t in orjson.loads(key))
 
 
-def counts(body: Mapping[str, Any]) -> Counts:
-    texts: list[str] = []
+@dataclass(frozen=True, slots=True)
+class Sums:
+    """What ``counts`` adds up over a chat request's messages, read one message after
+    another: a session's next step, which resends this step's messages and appends a few,
+    extends these sums with what it appends (``router.analysis.Tally``) and gets the counts
+    a reading of all its messages gives."""
+
+    opened: bool = False  # a message was read
+    system: bool = False  # the first one read is a system message
+    messages: int = 0  # Counts.messages
+    chars: int = 0
+    json_chars: int = 0  # of the tool calls (the offered tools are the request's own)
+    calls: int = 0
+    texts: tuple[str, ...] = ()  # the latest texts, DIGIT_BUDGET characters of them (or all)
+
+    def extended(self, messages: Iterable[Any]) -> Sums:
+        """The sums over the messages read so far followed by ``messages``."""
+        texts = list(self.texts)
+        opened, system = self.opened, self.system
+        chars, calls, json_chars, plain = self.chars, self.calls, self.json_chars, self.messages
+        for m in messages:
+            if not isinstance(m, dict | Mapping):
+                continue
+            if not opened:
+                opened, system = True, m.get("role") == "system"
+            chars += _content(m.get("content"), texts)
+            tool_calls = m.get("tool_calls")
+            plain += m.get("role") != "tool" and not (isinstance(tool_calls, list) and tool_calls)
+            if isinstance(tool_calls, list):
+                for call in tool_calls:
+                    fn = call.get("function") if isinstance(call, dict | Mapping) else None
+                    if not isinstance(fn, dict | Mapping):
+                        continue
+                    calls += 1
+                    name, args = fn.get("name"), fn.get("arguments")
+                    json_chars += len(name) if isinstance(name, str) else 0
+                    if isinstance(args, str):
+                        texts.append(args)
+                        json_chars += len(args)
+                    else:
+                        json_chars += _json_len(args)
+        return Sums(opened, system, plain, chars, json_chars, calls, _latest(texts))
+
+    def counts(self, tools: object) -> Counts:
+        """The request's counts: these messages' with ``tools`` offered."""
+        digits, symbols, wide = _classes(list(self.texts), self.chars + self.json_chars)
+        json_chars = self.json_chars
+        offered = tools if isinstance(tools, list) else ()
+        if offered:
+            sample = offered[:MAX_TOOLS]
+            json_chars += round(_tools_len(sample) * len(offered) / len(sample))
+        return Counts(
+            no_system=float(not self.system),
+            messages=float(self.messages),
+            chars=float(self.chars),
+            digits=digits,
+            symbols=symbols,
+            tools=float(bool(offered)),
+            json_chars=float(json_chars),
+            calls=float(self.calls),
+            wide=wide,
+        )
+
+
+def _latest(texts: list[str]) -> tuple[str, ...]:
+    """The shortest tail of ``texts`` that holds DIGIT_BUDGET characters (all of them when
+    they hold fewer), empty ones left out: the part ``_classes`` reads."""
+    kept: list[str] = []
+    room = DIGIT_BUDGET
+    for text in reversed(texts):
+        if text:
+            kept.append(text)
+            room -= len(text)
+            if room <= 0:
+                break
+    kept.reverse()
+    return tuple(kept)
+
+
+def counts(body: Mapping[str, Any], sums: Sums | None = None) -> Counts:
+    """What the estimate of ``body``'s prompt tokens is made of; ``sums``: its messages'
+    ``Sums`` when the caller has them."""
     messages = body.get("messages")
     if not isinstance(messages, list):
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            digits, symbols, wide = _classes([prompt], len(prompt))
-            return Counts(chars=float(len(prompt)), digits=digits, symbols=symbols, wide=wide)
-        if isinstance(prompt, list):  # a batch of prompts, token ids, or batches of ids
-            chars, ids = 0, 0
-            for p in prompt:
-                if isinstance(p, str):
-                    texts.append(p)
-                    chars += len(p)
-                elif isinstance(p, list):
-                    ids += len(p)
-                else:
-                    ids += 1
-            digits, symbols, wide = _classes(texts, chars)
-            return Counts(
-                chars=float(chars), digits=digits, symbols=symbols, wide=wide, token_ids=ids
-            )
-        return Counts()
-    chars, calls, json_chars, plain = 0, 0, 0, 0
-    msgs = [m for m in messages if isinstance(m, dict | Mapping)]
-    for m in msgs:
-        chars += _content(m.get("content"), texts)
-        tool_calls = m.get("tool_calls")
-        plain += m.get("role") != "tool" and not (isinstance(tool_calls, list) and tool_calls)
-        if isinstance(tool_calls, list):
-            for call in tool_calls:
-                fn = call.get("function") if isinstance(call, dict | Mapping) else None
-                if not isinstance(fn, dict | Mapping):
-                    continue
-                calls += 1
-                name, args = fn.get("name"), fn.get("arguments")
-                json_chars += len(name) if isinstance(name, str) else 0
-                if isinstance(args, str):
-                    texts.append(args)
-                    json_chars += len(args)
-                else:
-                    json_chars += _json_len(args)
-    digits, symbols, wide = _classes(texts, chars + json_chars)
-    tools = body.get("tools")
-    offered = tools if isinstance(tools, list) else ()
-    if offered:
-        sample = offered[:MAX_TOOLS]
-        json_chars += round(_tools_len(sample) * len(offered) / len(sample))
-    no_system = not msgs or msgs[0].get("role") != "system"
-    return Counts(
-        no_system=float(no_system),
-        messages=float(plain),
-        chars=float(chars),
-        digits=digits,
-        symbols=symbols,
-        tools=float(bool(offered)),
-        json_chars=float(json_chars),
-        calls=float(calls),
-        wide=wide,
-    )
+        return _prompt_counts(body.get("prompt"))
+    return (Sums().extended(messages) if sums is None else sums).counts(body.get("tools"))
+
+
+def _prompt_counts(prompt: object) -> Counts:
+    """A completions request's counts."""
+    texts: list[str] = []
+    if isinstance(prompt, str):
+        digits, symbols, wide = _classes([prompt], len(prompt))
+        return Counts(chars=float(len(prompt)), digits=digits, symbols=symbols, wide=wide)
+    if isinstance(prompt, list):  # a batch of prompts, token ids, or batches of ids
+        chars, ids = 0, 0
+        for p in prompt:
+            if isinstance(p, str):
+                texts.append(p)
+                chars += len(p)
+            elif isinstance(p, list):
+                ids += len(p)
+            else:
+                ids += 1
+        digits, symbols, wide = _classes(texts, chars)
+        return Counts(chars=float(chars), digits=digits, symbols=symbols, wide=wide, token_ids=ids)
+    return Counts()
 
 
 FINGERPRINT_CHARS = 256  # read at each end of a message's text to recognise it

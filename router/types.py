@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, TypeAlias
 
-from router.analysis import Analysis
+from router.analysis import Analysis, Tally
 from router.tokens import Anchor, TokenModel
 
 Endpoint: TypeAlias = Literal["chat", "completions"]  # the OpenAI endpoint a request came to
@@ -64,13 +64,16 @@ class RouteRequest:
     # prompt-token estimate fitted to the serving tier's tokenizer and template (None: the
     # default family's, ``router.tokens.DEFAULT``)
     tokens: TokenModel | None = None
+    # the tally of the session's last step (``router.analysis.Tally``, kept by the gateway):
+    # when ``body`` resends that step's messages, only the messages it appends are read
+    prior: Tally | None = field(default=None, compare=False, repr=False)
     # what policies derive from ``body``, computed once per request however many policies
     # of a chain look at it (``router.analysis``); built here, never passed in
     analysis: Analysis = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         anchor = self.session.anchor if self.session is not None else None
-        object.__setattr__(self, "analysis", Analysis(self.body, self.tokens, anchor))
+        object.__setattr__(self, "analysis", Analysis(self.body, self.tokens, anchor, self.prior))
 
 
 @dataclass(frozen=True, slots=True)

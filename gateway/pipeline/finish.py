@@ -52,7 +52,7 @@ class Finish:
         if outcome.status == CLIENT_CLOSED:
             return
         links = hashes.continuations if hashes is not None and outcome.answers else ()
-        keys = outcome.routing.keys
+        keys, sizing = outcome.routing.keys, outcome.routing.sizing
         self.sessions.finish(
             outcome.identity.tenant, keys, outcome.tier,
             escalated=outcome.served.escalated is not None, failed=outcome.failed,
@@ -60,6 +60,7 @@ class Finish:
             continuations=[CHAIN + c for c in links if c is not None]
             if outcome.status == 200 else (),
             answers=answers(outcome) if outcome.status == 200 and keys.named else (),
+            tally=sizing.tally if sizing is not None else None,
         )  # fmt: skip
 
     def _metrics(self, outcome: Outcome) -> None:

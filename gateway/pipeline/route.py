@@ -23,6 +23,7 @@ from gateway.routing.sessions import RouteSessions, SessionKeys, load_signals
 from gateway.upstream.pool import TierPool
 from gateway.upstream.scrape import Scraper
 from router import Decision, RouteRequest, Tier
+from router.analysis import Tally
 from router.tokens import Counts
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class Sizing:
     estimate: int  # the prompt tokens it routed with
     anchored: bool  # sized from the session's last exact count
     position: tuple[int, int] | None  # where a chat conversation ends (tokens.position)
+    tally: Tally | None = None  # what it read of the messages, for the session's next step
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,7 @@ class RouteStage:
         request = RouteRequest(
             who.endpoint, body, keys.key, self.sessions.get(who.tenant, keys.key),
             load_signals(self.pools, self.scraper), tokens=self.calibrator.model,
+            prior=self.sessions.tallies.get(who.tenant, keys.key),
         )  # fmt: skip
         started = time.perf_counter()
         sizing = None
@@ -116,7 +119,7 @@ class RouteStage:
             decision = version.policy.decide(request)
             analysis = decision.analysis or request.analysis  # what the policy sized it by
             estimate, anchored = analysis.prompt_tokens
-            sizing = Sizing(analysis.counts, estimate, anchored, analysis.position)
+            sizing = Sizing(analysis.counts, estimate, anchored, analysis.position, analysis.tally)
         except Exception as exc:  # a routing bug must not fail the request
             log.exception("routing policy failed on request %s", who.request_id)
             why = f"policy error ({type(exc).__name__}): full tier"

@@ -30,9 +30,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from gateway.routing.tallies import Tallies
 from gateway.store.chain import ChainCache, History
 from gateway.upstream.pool import TierPool
 from gateway.upstream.scrape import Scraper
+from router.analysis import Tally
 from router.tokens import Anchor
 from router.types import LoadSignals, SessionState, Tier
 
@@ -155,6 +157,8 @@ class RouteSessions:
         # the last step's open hash of each unnamed chat session: the next step hashes only
         # the messages it adds (the same keys; ``gateway.store.chain.ChainCache``)
         self.chains = ChainCache(max_mb=32.0)
+        # the router's tally of each session's last step, under the same keys as its state
+        self.tallies = Tallies()
 
     def __len__(self) -> int:
         return len(self._table)
@@ -268,17 +272,22 @@ class RouteSessions:
         anchor: Anchor | None = None,
         continuations: Sequence[str] = (),
         answers: Sequence[Any] = (),
+        tally: Tally | None = None,
     ) -> None:
         """Count a finished step where its session is known: a named session's history
         (with the answers it got, to tell when another replica took a step since); for an
         unnamed one, the opening's, and the chain's — the history this step continued (or
-        a new one), advanced by it, under each of its answers' continuation keys."""
+        a new one), advanced by it, under each of its answers' continuation keys. The
+        router's ``tally`` of the step's messages goes where the next step looks: under the
+        named session, or under each continuation key."""
         if keys.named:
             echo = answer_tags(answers) if self.recall is not None else None
             self.update(
                 tenant, keys.key, tier, escalated=escalated, failed=failed, anchor=anchor,
                 echo=echo,
             )  # fmt: skip
+            if tally is not None:
+                self.tallies.put(tenant, keys.key, tally)
             return
         self.update(tenant, keys.opening, tier, escalated=escalated, failed=failed, anchor=anchor)
         if continuations:
@@ -286,6 +295,8 @@ class RouteSessions:
             after = advance(before, tier, escalated, failed, anchor)
             for key in continuations:
                 self.put(tenant, key, after)
+                if tally is not None:
+                    self.tallies.put(tenant, key, tally)
 
     def put(
         self, tenant: str, key: str, state: SessionState, *, echo: frozenset[int] | None = None

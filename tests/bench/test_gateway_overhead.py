@@ -108,6 +108,10 @@ def test_the_summary_has_the_growing_session_cells_beside_the_others():
         "litellm": {b: cells_for(12, 10, 100, 20) for b in ("chat", "agent", "session")},
     }  # fmt: skip
     s = summarize(cells, "on")  # no light configuration in this run (--bodies without chat)
+    assert (
+        s["mock_answers"] == "session"
+        and summarize(cells, "on", "canned")["mock_answers"] == "canned"
+    )
     assert s["cpu_ratio_vs_litellm_agent_session"] == 0.1
     assert s["added_p99_ms_agent_session"] == 2.0 and s["added_p50_ms_agent_session"] == 2.0
     assert s["max_stall_ms"] == 49.0 and "cpu_ratio_vs_litellm" not in s

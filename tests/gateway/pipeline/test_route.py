@@ -7,14 +7,16 @@ import pytest
 from gateway.config import BreakerSettings, HealthSettings, RouterSettings
 from gateway.errors import ModelNotFound, TierSwitchedOff
 from gateway.metrics import Metrics
-from gateway.pipeline.route import RouteStage
+from gateway.pipeline.route import RouteStage, Routing
 from gateway.routing.calibration import TokenCalibrator
 from gateway.routing.control import ControlPlane, Version
 from gateway.routing.sessions import RouteSessions
 from gateway.upstream.pool import TierPool
 from gateway.upstream.scrape import Scraper
 from router import Decision, RouteRequest, Tier
+from router.analysis import Tally
 from router.policies.length_threshold import LengthThreshold
+from router.tokens import counts
 from router.types import SessionState
 from tests.gateway.pipeline.conftest import parsed
 
@@ -55,7 +57,7 @@ def stage(policy, tiers=(Tier.FULL, Tier.FAST), sessions=None) -> RouteStage:
     metrics = Metrics()
     return RouteStage(
         plane(policy),
-        sessions or RouteSessions(),
+        sessions if sessions is not None else RouteSessions(),
         pools,
         Scraper(pools, metrics, 10.0),
         TokenCalibrator(None),
@@ -175,3 +177,33 @@ def test_kill_switches_override_the_policy_and_say_so():
     switched(s, ("tier_off", "fast"), ("tier_off", "full"))
     with pytest.raises(TierSwitchedOff, match="every tier"):
         s(parsed())
+
+
+def test_a_sessions_step_extends_the_tally_its_last_step_left():
+    sessions = RouteSessions()
+    policy = Spy(Tier.FAST)
+    s = stage(policy, sessions=sessions)
+    first = [{"role": "system", "content": "agent"}, {"role": "user", "content": "fix it"}]
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]}  # fmt: skip
+    second = [*first, call, {"role": "tool", "tool_call_id": "c1", "content": "a.py b.py"}]
+
+    def step(messages: list, tenant: str = "acme") -> Routing:
+        routing = s(parsed({"model": "auto", "messages": messages}, session_id="s", tenant=tenant))
+        assert routing.sizing is not None and routing.sizing.tally is not None
+        sessions.finish(tenant, routing.keys, routing.tier, escalated=False, failed=False,
+                        tally=routing.sizing.tally)  # fmt: skip
+        return routing
+
+    one = step(first)
+    assert policy.requests[-1].prior is None
+    two = step(second)
+    assert policy.requests[-1].prior is one.sizing.tally
+    assert two.sizing.counts == counts({"messages": second})
+    assert two.sizing.tally.sums == Tally.of(second).sums
+    assert step(second, tenant="globex") and policy.requests[-1].prior is None
+    edited = [first[0], {"role": "user", "content": "fix it now"}, *second[2:]]
+    three = step(edited)
+    assert policy.requests[-1].prior is two.sizing.tally
+    assert three.sizing.counts == counts({"messages": edited})
+    assert three.sizing.tally.messages == edited
