@@ -57,7 +57,8 @@ from bench import multilingual
 from bench.router_tasks import all_tasks
 from bench.stack import embedded_stack, free_port
 from gateway.cli.embedded import FULL_MODEL_NAME
-from gateway.routing.calibration import Calibration, calibrate, fit_weights, replica_tokenizer
+from gateway.routing.calibration import Calibration, calibrate, replica_tokenizer
+from gateway.routing.refit import fit_weights
 from router.tokens import DEFAULT, Anchor, Counts, TokenModel, anchored, counts, position
 
 

@@ -22,7 +22,6 @@ then decides the weights.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import json
 import logging
@@ -32,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import numpy as np
 
+from gateway.routing.refit import Array, ServedWindow, fit_weights, refit_from_traffic
 from gateway.upstream.pool import TierPool
 from router.tokens import DEFAULT, Counts, TokenModel, counts
 
@@ -186,32 +185,6 @@ class Calibration:
         return self.model is self.fitted
 
 
-def fit_weights(
-    rows: Sequence[Sequence[float]], truth: Sequence[int], keep: Sequence[float] | None = None
-) -> list[float]:
-    """Least squares on relative error (a short prompt counts as much as a long one), with
-    every weight but the constant kept at or above zero: a count the tier's template does
-    not render (a template that ignores tools) gets 0, not a small negative weight. A count
-    that is zero in every row says nothing about its weight: it keeps ``keep``'s (traffic
-    in one script says nothing of the others), or 0."""
-    x = np.array(rows, dtype=float)
-    y = np.array(truth, dtype=float)
-    w = 1.0 / np.maximum(y, 1.0)
-    unseen = [i for i in range(1, x.shape[1]) if not x[:, i].any()]
-    free = [i for i in range(x.shape[1]) if i not in unseen]
-    while True:
-        fitted, *_ = np.linalg.lstsq(x[:, free] * w[:, None], y * w, rcond=None)
-        weights = np.zeros(x.shape[1])
-        weights[free] = fitted
-        negative = [i for i in free[1:] if weights[i] < 0]
-        if not negative:
-            if keep is not None:
-                for i in unseen:
-                    weights[i] = keep[i]
-            return [float(v) for v in weights]
-        free.remove(min(negative, key=lambda i: weights[i]))  # the most negative goes first
-
-
 def _error(model: TokenModel, body: Mapping[str, Any], truth: int) -> float:
     return abs(model.estimate(body) - truth) / truth
 
@@ -269,31 +242,6 @@ def replica_tokenizer(session: aiohttp.ClientSession, url: str, model: str) -> T
     return tokenize
 
 
-def refit_from_traffic(
-    samples: Sequence[tuple[Counts, int]], current: TokenModel, margin: float = 0.9
-) -> tuple[TokenModel, float, float] | None:
-    """Weights fitted to what the tier counted for served requests, when they beat
-    ``current``: fitted on the older 80% of ``samples`` and judged on the newest 20%, they
-    must cut ``current``'s median relative error there by a tenth. Then returns (the weights
-    fitted to all of them, the trial's error, ``current``'s error); else None."""
-    cut = int(len(samples) * 0.8)
-    rows = [c.vector() for c, _ in samples]
-    truth = [t for _, t in samples]
-    keep = current.weights()
-    trial = TokenModel.from_weights(fit_weights(rows[:cut], truth[:cut], keep), "trial")
-    newest = samples[cut:]
-    trial_error = statistics.median(abs(trial.estimate_counts(c) - t) / t for c, t in newest)
-    current_error = statistics.median(abs(current.estimate_counts(c) - t) / t for c, t in newest)
-    if trial_error >= margin * current_error:
-        return None
-    source = f"{len(samples)} requests served by the full tier"
-    return (
-        TokenModel.from_weights(fit_weights(rows, truth, keep), source),
-        trial_error,
-        current_error,
-    )
-
-
 class TokenCalibrator:
     """Checks the estimate once, in the background, as soon as a replica of ``pool``
     answers; until then (and if it cannot) ``model`` is the default. Then keeps learning
@@ -315,7 +263,7 @@ class TokenCalibrator:
         self.model: TokenModel = DEFAULT
         self.result: Calibration | None = None
         self._task: asyncio.Task[None] | None = None
-        self._samples: collections.deque[tuple[Counts, int]] = collections.deque(maxlen=window)
+        self._samples = ServedWindow(window)
         self._refit_every = refit_every
         self._since_refit = 0
         self._refitting: asyncio.Task[None] | None = None
@@ -333,17 +281,17 @@ class TokenCalibrator:
         error = abs(estimated - prompt_tokens) / prompt_tokens
         if self._pool is None:  # calibration off: measured, not learnt from
             return error
-        self._samples.append((sizes, prompt_tokens))
+        self._samples.add(sizes, prompt_tokens)
         self._since_refit += 1
         if self._since_refit >= self._refit_every and self._refitting is None:
             self._since_refit = 0
-            samples = list(self._samples)
-            self._refitting = asyncio.get_running_loop().create_task(self._refit(samples))
+            rows, truth = self._samples.ordered()
+            self._refitting = asyncio.get_running_loop().create_task(self._refit(rows, truth))
         return error
 
-    async def _refit(self, samples: list[tuple[Counts, int]]) -> None:
+    async def _refit(self, rows: Array, truth: Array) -> None:
         try:
-            found = await asyncio.to_thread(refit_from_traffic, samples, self.model)
+            found = await asyncio.to_thread(refit_from_traffic, rows, truth, self.model)
         except Exception:  # a numerical failure must not stop the gateway learning later
             log.exception("prompt-token estimate: refitting from served requests failed")
             found = None

@@ -1,4 +1,5 @@
-"""Fitting the router's prompt-token estimate to a tier's tokenizer (gateway.routing.calibration).
+"""Fitting the router's prompt-token estimate to a tier's tokenizer (gateway.routing.calibration,
+gateway.routing.refit).
 
 Against the real tier (vLLM's /tokenize with the default model) in
 tests/e2e/test_embedded_stack.py; here the fit itself, on counting rules it must recover,
@@ -8,22 +9,19 @@ and the wiring against a stand-in replica.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import random
+import statistics
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 
 from bench.token_estimate import agent_sessions
 from gateway.config import BreakerSettings, HealthSettings, Settings, TierSettings
 from gateway.pipeline.services import Services
-from gateway.routing.calibration import (
-    PROBES,
-    NoTokenizer,
-    TokenCalibrator,
-    calibrate,
-    fit_weights,
-    refit_from_traffic,
-)
+from gateway.routing.calibration import PROBES, NoTokenizer, TokenCalibrator, calibrate
+from gateway.routing.refit import ServedWindow, fit_weights, refit_from_traffic
 from gateway.upstream.pool import TierPool
 from router import Tier
 from router.tokens import DEFAULT, Counts, TokenModel, counts
@@ -136,8 +134,15 @@ def served(model: TokenModel, n: int, seed: int = 0) -> list[tuple[Counts, int]]
     return [(counts(b), model.estimate(b)) for b in bodies]
 
 
+def window_of(samples: Sequence[tuple[Counts, int]]) -> ServedWindow:
+    window = ServedWindow(len(samples))
+    for sizes, tokens in samples:
+        window.add(sizes, tokens)
+    return window
+
+
 def test_weights_are_learnt_from_what_the_tier_counted_for_served_requests():
-    found = refit_from_traffic(served(OTHER_FAMILY, 300), DEFAULT)
+    found = refit_from_traffic(*window_of(served(OTHER_FAMILY, 300)).ordered(), DEFAULT)
     assert found is not None
     model, trial_error, default_error = found
     assert trial_error < 0.01 < 0.1 < default_error
@@ -150,7 +155,7 @@ def test_weights_are_learnt_from_what_the_tier_counted_for_served_requests():
 
 
 def test_weights_that_already_count_well_are_kept():
-    assert refit_from_traffic(served(DEFAULT, 300), DEFAULT) is None
+    assert refit_from_traffic(*window_of(served(DEFAULT, 300)).ordered(), DEFAULT) is None
 
 
 def test_the_calibrator_refits_in_the_background_as_requests_are_served():
@@ -189,9 +194,102 @@ def test_a_refit_on_traffic_in_one_script_keeps_what_it_cannot_see():
     current one rather than dropping it to zero."""
     english = [(c, t) for c, t in served(OTHER_FAMILY, 300) if c.wide == 0]
     assert len(english) > 250
-    found = refit_from_traffic(english, DEFAULT)
+    found = refit_from_traffic(*window_of(english).ordered(), DEFAULT)
     assert found is not None
     model = found[0]
     assert DEFAULT.per_wide_byte > 0 and model.per_wide_byte == DEFAULT.per_wide_byte
     assert model.per_char == pytest.approx(OTHER_FAMILY.per_char, rel=0.05)  # the rest learnt
     assert fit_weights([[1.0, 2.0, 0.0], [1.0, 3.0, 0.0]], [5, 7])[2] == 0.0  # nothing to keep
+
+
+def test_the_window_keeps_the_latest_requests_oldest_first():
+    window = ServedWindow(3)
+    sizes = [Counts(messages=1.0, chars=float(i)) for i in range(5)]
+    window.add(sizes[0], 10)
+    rows, truth = window.ordered()
+    assert len(window) == 1 and rows.tolist() == [sizes[0].vector()] and truth.tolist() == [10]
+    for i, c in enumerate(sizes[1:], start=1):
+        window.add(c, 10 + i)
+    rows, truth = window.ordered()
+    assert len(window) == 3 and truth.tolist() == [12, 13, 14]
+    assert rows.tolist() == [c.vector() for c in sizes[2:]]
+    window.add(sizes[0], 99)  # a copy: what a refit already has stays as it was
+    assert truth.tolist() == [12, 13, 14] and rows[:, 3].tolist() == [2, 3, 4]
+
+
+def lstsq_fit(rows: list[list[float]], truth: list[int], keep: list[float]) -> list[float]:
+    """The fit as it was before issue #29 (LAPACK's lstsq on the rows, each round): the
+    reference the QR-once fit must agree with."""
+    x, y = np.array(rows), np.array(truth, dtype=float)
+    w = 1.0 / np.maximum(y, 1.0)
+    unseen = [i for i in range(1, x.shape[1]) if not x[:, i].any()]
+    free = [i for i in range(x.shape[1]) if i not in unseen]
+    while True:
+        fitted, *_ = np.linalg.lstsq(x[:, free] * w[:, None], y * w, rcond=None)
+        weights = np.zeros(x.shape[1])
+        weights[free] = fitted
+        negative = [i for i in free[1:] if weights[i] < 0]
+        if not negative:
+            weights[unseen] = np.array(keep)[unseen]
+            return [float(v) for v in weights]
+        free.remove(min(negative, key=lambda i: weights[i]))
+
+
+def python_refit(
+    samples: list[tuple[Counts, int]], current: TokenModel
+) -> tuple[list[float], float, float] | None:
+    """``refit_from_traffic`` as it was, over a list of Counts with ``TokenModel``'s own
+    estimate and the standard library's median."""
+    cut = int(len(samples) * 0.8)
+    rows, truth = [c.vector() for c, _ in samples], [t for _, t in samples]
+    trial = TokenModel.from_weights(lstsq_fit(rows[:cut], truth[:cut], current.weights()), "")
+    errors = [
+        statistics.median(abs(m.estimate_counts(c) - t) / t for c, t in samples[cut:])
+        for m in (trial, current)
+    ]
+    if errors[0] >= 0.9 * errors[1]:
+        return None
+    return lstsq_fit(rows, truth, current.weights()), errors[0], errors[1]
+
+
+def random_traffic(seed: int, n: int) -> tuple[TokenModel, list[tuple[Counts, int]]]:
+    """A counting rule, and requests of random sizes (a few empty, no wide bytes) counted
+    by it with noise."""
+    rng = random.Random(seed)
+    truth = TokenModel.from_weights(
+        [rng.uniform(0, 40), rng.uniform(0, 30), rng.uniform(2, 12), rng.uniform(0.15, 0.4),
+         rng.uniform(0, 1), rng.uniform(-0.1, 0.6), rng.uniform(0, 300), rng.uniform(0.2, 0.4),
+         rng.uniform(5, 25), 0.0],
+        "truth",
+    )  # fmt: skip
+    samples = []
+    for _ in range(n):
+        chars = 0.0 if rng.random() < 0.03 else rng.uniform(1, 40_000)
+        calls = float(rng.randint(0, 6))
+        sizes = Counts(
+            no_system=float(rng.random() < 0.3), messages=float(rng.randint(1, 30)) if chars else 0,
+            chars=chars, digits=chars * rng.uniform(0, 0.1), symbols=chars * rng.uniform(0, 0.3),
+            tools=float(calls > 0), json_chars=calls * rng.uniform(100, 3000), calls=calls,
+        )  # fmt: skip
+        exact = max(1, truth.estimate_counts(sizes))
+        samples.append((sizes, max(1, round(exact * rng.uniform(0.8, 1.2)))))
+    return truth, samples
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_array_refit_is_the_python_one(seed: int):
+    """Issue #29: the refit moved from Python objects and LAPACK's lstsq to numpy arrays
+    and one QR; it finds what it found before, kept weights included (no wide bytes)."""
+    rule, samples = random_traffic(seed, 400)
+    current = (DEFAULT, OTHER_FAMILY, rule)[seed % 3]  # the rule itself: nothing better
+    expected = python_refit(samples, current)
+    found = refit_from_traffic(*window_of(samples).ordered(), current)
+    assert (found is None) == (expected is None)
+    if found is not None and expected is not None:
+        assert found[1:] == pytest.approx(expected[1:], rel=1e-9)
+        assert found[0].weights() == pytest.approx(expected[0], rel=1e-7, abs=1e-9)
+    rows = [c.vector() for c, _ in samples]
+    truth = [t for _, t in samples]
+    assert fit_weights(rows, truth, current.weights()) == pytest.approx(
+        lstsq_fit(rows, truth, current.weights()), rel=1e-7, abs=1e-9
+    )
