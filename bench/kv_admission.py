@@ -18,7 +18,6 @@ off, ``decode_speedup`` decoded tokens per wall second on / off.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -32,6 +31,7 @@ from bench.kv_pressure import (
     COUNTERS,
     Shape,
     agreement,
+    alternate_rounds,
     metrics,
     pressure_stack,
     read_counters,
@@ -191,20 +191,14 @@ def summarize(rounds: Sequence[Mapping[str, Any]], shape: Shape) -> dict[str, An
 
 
 def main(shape: Shape, rounds: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    results = []
-    for i in range(rounds):
-        for compaction in (False, True):
-            label = "prompt" if compaction else "off"
-            print(f"round {i + 1}/{rounds}, compaction {label}: starting the stack", flush=True)
-            result = run_round(shape, compaction)
-            print(
-                f"  running peak {result['peak_running']:.0f} mean {result['mean_running']:.2f}, "
-                f"waiting peak {result['peak_waiting']:.0f}, last token at "
-                f"{result['time_to_last_token_max_s']:.1f} s, {result['cpu_s']:.0f} CPU-s, "
-                f"{result['preemptions']:.0f} preemptions, {result['compactions']:.0f} "
-                f"compactions, {result['right']} right",
-                flush=True,
-            )
-            print(json.dumps(result), flush=True)  # kept if the run is cut short
-            results.append(result)
+    def describe(r: dict[str, Any]) -> str:
+        return (
+            f"running peak {r['peak_running']:.0f} mean {r['mean_running']:.2f}, "
+            f"waiting peak {r['peak_waiting']:.0f}, last token at "
+            f"{r['time_to_last_token_max_s']:.1f} s, {r['cpu_s']:.0f} CPU-s, "
+            f"{r['preemptions']:.0f} preemptions, {r['compactions']:.0f} compactions, "
+            f"{r['right']} right"
+        )
+
+    results = alternate_rounds(rounds, "prompt", lambda on: run_round(shape, on), describe)
     return results, summarize(results, shape)

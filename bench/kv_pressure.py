@@ -18,7 +18,7 @@ import json
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -226,19 +226,33 @@ def summarize(rounds: Sequence[Mapping[str, Any]], shape: Shape) -> dict[str, An
     }  # fmt: skip
 
 
-def main(shape: Shape, rounds: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def alternate_rounds(
+    rounds: int,
+    on_label: str,
+    run: Callable[[bool], dict[str, Any]],
+    describe: Callable[[dict[str, Any]], str],
+) -> list[dict[str, Any]]:
+    """``rounds`` rounds of compaction off then on (``run(on)`` starts its own stack), each
+    round's result printed as it ends (kept if the run is cut short)."""
     results = []
     for i in range(rounds):
-        for watermark in (False, True):
-            label = "watermark" if watermark else "off"
+        for on in (False, True):
+            label = on_label if on else "off"
             print(f"round {i + 1}/{rounds}, compaction {label}: starting the stack", flush=True)
-            result = run_round(shape, watermark)
-            print(
-                f"  {result['seconds_per_step']:.1f} s/step, {result['cpu_s']:.0f} CPU-s, "
-                f"{result['preemptions']:.0f} preemptions, {result['compactions']:.0f} "
-                f"compactions, {result['right']} right",
-                flush=True,
-            )
-            print(json.dumps(result), flush=True)  # kept if the run is cut short
+            result = run(on)
+            print(f"  {describe(result)}", flush=True)
+            print(json.dumps(result), flush=True)
             results.append(result)
+    return results
+
+
+def main(shape: Shape, rounds: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def describe(r: dict[str, Any]) -> str:
+        return (
+            f"{r['seconds_per_step']:.1f} s/step, {r['cpu_s']:.0f} CPU-s, "
+            f"{r['preemptions']:.0f} preemptions, {r['compactions']:.0f} compactions, "
+            f"{r['right']} right"
+        )
+
+    results = alternate_rounds(rounds, "watermark", lambda on: run_round(shape, on), describe)
     return results, summarize(results, shape)
