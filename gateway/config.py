@@ -573,6 +573,15 @@ class KVCompactionSettings(Section):
     fast: KVCompactionTier = KVCompactionTier()
 
 
+# The embedded settings that only shape the fast tier (and kv_compaction.fast).
+FAST_TIER_FIELDS = frozenset(
+    {
+        "fast_mode", "prune_remove", "prune_method", "heal_steps", "heal_data", "heal_samples",
+        "speculative_tokens", "ngram_min", "ngram_max",
+    }
+)  # fmt: skip
+
+
 class EmbeddedSettings(Section):
     """The embedded default stack started by ``gearshift serve`` without replicas."""
 
@@ -585,8 +594,20 @@ class EmbeddedSettings(Section):
         default=None,
         description="python of the vLLM virtualenv; default <home>/vllm-venv/bin/python",
     )
+    layout: Literal["routed", "full-replicas"] = Field(
+        default="routed",
+        description="routed: the full model on one core, the fast tier on the other, "
+        "model 'auto' routed between them; full-replicas: the full model on each core, both "
+        "replicas of the full tier, no fast tier (the throughput choice on a CPU host: "
+        "docs/embedded-stack.md)",
+    )
     full_port: int = Field(default=8101, gt=0, lt=65536)
-    fast_port: int = Field(default=8102, gt=0, lt=65536)
+    fast_port: int = Field(
+        default=8102,
+        gt=0,
+        lt=65536,
+        description="the second server's: the fast tier's, or the second full replica's",
+    )
     max_model_len: int = Field(default=4096, ge=256)
     kv_cache_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
     startup_timeout_s: float = Field(default=600.0, gt=0)
@@ -636,6 +657,23 @@ class EmbeddedSettings(Section):
             raise ValueError(
                 f"embedded.ngram_min ({self.ngram_min}) must not exceed "
                 f"embedded.ngram_max ({self.ngram_max})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> EmbeddedSettings:
+        # A fast-tier setting changed from its default would silently do nothing and mislead
+        # whoever tunes it; defaults pass (the annotated example file lists every field).
+        fields = type(self).model_fields
+        unused = [f for f in sorted(FAST_TIER_FIELDS) if getattr(self, f) != fields[f].default]
+        if self.kv_compaction.fast.enabled:  # both replicas take kv_compaction.full
+            unused.append("kv_compaction.fast")
+        if self.layout == "full-replicas" and unused:
+            names = ", ".join(f"embedded.{name}" for name in unused)
+            raise ValueError(
+                f"{names}: {'it shapes' if len(unused) == 1 else 'they shape'} the fast tier, "
+                "which embedded.layout 'full-replicas' does not run; leave the default or use "
+                "layout 'routed'"
             )
         return self
 

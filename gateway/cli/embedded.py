@@ -1,9 +1,11 @@
 """The embedded default stack: default model, two supervised vLLM servers, their tiers.
 
-Used by ``gearshift serve`` when the configuration names no replicas. The fast
-tier is built from the full model by ``backends.pruning`` at provisioning time
-(cached) and served in the configured ``embedded.fast_mode``; see
-docs/fast-tier.md. ``serve`` says at start-up which mode runs.
+Used by ``gearshift serve`` when the configuration names no replicas. In the ``routed``
+layout (the default) the second server is the fast tier, built from the full model by
+``backends.pruning`` at provisioning time (cached) and served in the configured
+``embedded.fast_mode`` (docs/fast-tier.md); in ``full-replicas`` it is a second replica of
+the full tier and there is no fast tier (docs/embedded-stack.md). ``serve`` says at
+start-up which runs.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from backends.family import check_same_family, fingerprint
@@ -45,7 +46,6 @@ FAST_MODEL_NAME = "smollm2-135m-fast"
 class EmbeddedStack:
     supervisor: Supervisor
     tiers: dict[Tier, TierSettings]
-    model_dirs: dict[Tier, Path]
 
 
 def prune_options(settings: EmbeddedSettings) -> PruneOptions:
@@ -89,6 +89,8 @@ def _settings(tier: dict[str, Any], keys: list[str]) -> str:
 def router_mismatches(router: RouterSettings, settings: EmbeddedSettings) -> list[str]:
     """One warning per router model that learned from another fast tier than this one:
     its scores and threshold then describe a tier that is not serving."""
+    if settings.layout == "full-replicas":  # no fast tier: 'auto' is served by full anyway
+        return []
     try:
         policy = build_policy(router.policy, router.params)
     except PolicyError:
@@ -166,6 +168,13 @@ def _fast_spec(
     )
 
 
+def pruned_model_needed(settings: EmbeddedSettings) -> bool:
+    """Whether the stack serves the pruned checkpoint (the ~15-minute build of provisioning):
+    the lossy fast tier serves it, the lossless one drafts with it; the other modes and the
+    full-replicas layout serve the full model only."""
+    return settings.layout == "routed" and settings.fast_mode in ("lossy", "lossless")
+
+
 def build_stack(settings: EmbeddedSettings) -> EmbeddedStack:
     model_dir = provision(settings.home, settings.python, DEFAULT_MODEL)
     binds = cpu_binds(sorted(os.sched_getaffinity(0)), 2)
@@ -179,28 +188,45 @@ def build_stack(settings: EmbeddedSettings) -> EmbeddedStack:
         # float32 entries take twice the bytes of bf16 ones: keep the same token capacity.
         kv_cache_bytes=settings.kv_cache_bytes * (2 if settings.dtype == "float32" else 1),
         dtype=settings.dtype,
+        # KV-cache compaction per tier (docs/kv-compaction.md); off unless configured
+        kv_compaction=CompactionConfig(**settings.kv_compaction.full.model_dump()),
     )
+    if settings.layout == "full-replicas":
+        # the second core as a second full replica: docs/decisions/fast-tier-on-cpu-hosts.md
+        second = replace(full, name="full-2", port=settings.fast_port, cpu_bind=binds[1])
+        log.info(
+            "layout full-replicas: %s on each core, both replicas of the full tier; no fast "
+            "tier (model 'auto' is served by full, model 'fast' does not exist)",
+            DEFAULT_MODEL.name,
+        )
+        full_tier = _tier(full, [full.base_url, second.base_url])
+        return _stack(settings, [full, second], {Tier.FULL: full_tier})
     fast, description = _fast_spec(settings, full, binds[1])
-    # KV-cache compaction per tier (docs/kv-compaction.md); off unless configured
-    compaction = settings.kv_compaction
-    full = replace(full, kv_compaction=CompactionConfig(**compaction.full.model_dump()))
-    fast = replace(fast, kv_compaction=CompactionConfig(**compaction.fast.model_dump()))
+    fast = replace(fast, kv_compaction=CompactionConfig(**settings.kv_compaction.fast.model_dump()))
     log.info("fast tier: %s", description)
+    # Refuse to start two tiers that could not share a conversation.
+    check_same_family(
+        {str(s.name): fingerprint(s.model_dir, s.tool_call_parser) for s in (full, fast)}
+    )
+    tiers = {Tier.FULL: _tier(full, [full.base_url]), Tier.FAST: _tier(fast, [fast.base_url])}
+    return _stack(settings, [full, fast], tiers)
+
+
+def _tier(spec: VllmServerSpec, replicas: list[str]) -> TierSettings:
+    return TierSettings(
+        model=spec.served_model_name, replicas=replicas, tool_call_parser=spec.tool_call_parser
+    )
+
+
+def _stack(
+    settings: EmbeddedSettings, specs: list[VllmServerSpec], tiers: dict[Tier, TierSettings]
+) -> EmbeddedStack:
+    """The supervisor of ``specs`` (started by `serve`), and the tiers they serve."""
     supervisor = Supervisor(
-        [full, fast],
+        specs,
         python=settings.python,
         log_dir=settings.home / "logs",
         startup_timeout_s=settings.startup_timeout_s,
         max_restarts=settings.max_restarts,
     )
-    # Refuse to start two tiers that could not share a conversation.
-    check_same_family(
-        {str(s.name): fingerprint(s.model_dir, s.tool_call_parser) for s in (full, fast)}
-    )
-    tiers = {
-        t: TierSettings(
-            model=s.served_model_name, replicas=[s.base_url], tool_call_parser=s.tool_call_parser
-        )
-        for t, s in ((Tier.FULL, full), (Tier.FAST, fast))
-    }
-    return EmbeddedStack(supervisor, tiers, {Tier.FULL: full.model_dir, Tier.FAST: fast.model_dir})
+    return EmbeddedStack(supervisor, tiers)

@@ -41,14 +41,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_provision(args: argparse.Namespace) -> int:
     from backends.provision import ProvisionError, provision, provision_pruned
-    from gateway.cli.embedded import prune_options
+    from gateway.cli.embedded import prune_options, pruned_model_needed
 
     settings = load_config(args.config)
     e = settings.embedded
     try:
         path = provision(e.home, e.python)
         print(path)
-        if e.fast_mode in ("lossy", "lossless"):  # the others serve the full model only
+        if pruned_model_needed(e):
             print(provision_pruned(e.home, e.python, path, prune_options(e)))
     except ProvisionError as exc:
         raise SystemExit(f"gearshift: {exc}") from None
@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
 
     prov = sub.add_parser(
-        "provision", help="build the embedded stack's models (default model, fast tier)"
+        "provision",
+        help="build the embedded stack's models (the default model; the fast tier's, where served)",
     )
     prov.add_argument("--config", type=Path)
     prov.set_defaults(func=cmd_provision)
