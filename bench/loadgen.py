@@ -76,8 +76,10 @@ def requests(
             yield itertools.repeat((payload, headers))
     tag = secrets.token_hex(4)  # session ids unique to this run
     for n, steps in enumerate(agent_sessions(model, stream)):
+        # zip binds this session's headers now: a generator expression would read ``named``
+        # when a worker gets to it, by then another session's (concurrent workers interleave)
         named = headers | {"x-session-id": f"bench-{tag}-{n}"}
-        yield ((data, named) for data in steps)
+        yield zip(steps, itertools.repeat(named))
 
 
 def percentile(values: list[float], q: float) -> float:

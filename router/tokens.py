@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import orjson
@@ -57,10 +58,15 @@ class Counts:
 
     def vector(self) -> list[float]:
         """``[1, no_system, messages, ...]``: the design row ``TokenModel`` weights."""
-        return [1.0, *(getattr(self, name) for name in _WEIGHTED)]
+        return [1.0, *_weighted(self)]
 
 
 _WEIGHTED = tuple(f.name for f in fields(Counts) if f.name != "token_ids")
+_weighted = operator.attrgetter(*_WEIGHTED)  # one C call for the row, every request
+# the row's terms for what appended messages add: all but base and the fixed parts of the
+# template (the default system prompt, the tools block), which a conversation pays once
+_APPENDED = tuple(i for i, name in enumerate(("base", *_WEIGHTED)) if name not in
+                  ("base", "no_system", "tools"))  # fmt: skip
 NOTHING = Counts()
 
 
@@ -106,8 +112,8 @@ class TokenModel:
     def appended(self, c: Counts) -> float:
         """Tokens for what ``c`` counts beyond the template's fixed parts (base, the default
         system prompt, the tools block): what messages appended to a conversation add."""
-        bare = replace(c, no_system=0.0, tools=0.0)
-        return sum(w * x for w, x in zip(self.weights()[1:], bare.vector()[1:], strict=True))
+        w, x = self.weights(), c.vector()
+        return sum([w[i] * x[i] for i in _APPENDED])
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -94,6 +94,12 @@ def test_the_load_generator_sends_each_session_in_order_under_its_own_id():
     sizes = [len(orjson.loads(data)["messages"]) for data, _ in first]
     assert sizes == list(range(2, 31, 2))
     assert orjson.loads(first[0][0])["model"] == "auto"
+    # concurrent workers, interleaved as at c=16: each keeps its own session's id
+    a, b = next(workers), next(workers)
+    steps = [(next(a), next(b)) for _ in range(15)]
+    assert len({h["x-session-id"] for (_, h), _ in steps}) == 1
+    assert len({h["x-session-id"] for _, (_, h) in steps}) == 1
+    assert steps[0][0][1]["x-session-id"] != steps[0][1][1]["x-session-id"]
     # without --sessions: the one body, again and again, with no session id
     plain = next(requests("auto", True, {}, None, sessions=False))
     (a, ha), (b, _) = next(plain), next(plain)

@@ -167,6 +167,19 @@ def test_a_session_step_is_sized_from_the_last_exact_count():
     assert anchored(DEFAULT, counts(second), second, None) == (DEFAULT.estimate(second), False)
 
 
+def test_what_appended_messages_add_leaves_out_the_templates_fixed_parts():
+    """``appended``: every weighted count but the system prompt's and the tools block's,
+    which a conversation pays once (and base, which ``appended`` never adds)."""
+    c = Counts(no_system=1.0, messages=3.0, chars=900.0, digits=40.0, symbols=120.0,
+               tools=1.0, json_chars=300.0, calls=2.0, wide=7.0, token_ids=5)  # fmt: skip
+    m = DEFAULT
+    want = (m.per_message * 3 + m.per_char * 900 + m.per_digit * 40 + m.per_symbol * 120
+            + m.per_json_char * 300 + m.per_call * 2 + m.per_wide_byte * 7)  # fmt: skip
+    assert abs(m.appended(c) - want) < 1e-9
+    assert c.vector() == [1.0, 1.0, 3.0, 900.0, 40.0, 120.0, 1.0, 300.0, 2.0, 7.0]
+    assert m.appended(Counts()) == 0.0
+
+
 def test_an_anchor_only_applies_to_the_conversation_it_counted():
     first = {"messages": _session()}
     where = position(first)
