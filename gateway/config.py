@@ -302,6 +302,7 @@ class ContextOverride(Section):
     rungs: list[Literal["mask", "summarize", "drop"]] | None = None
     clear_to_fraction: float | None = Field(default=None, gt=0, le=1)
     mask_digest_chars: int | None = Field(default=None, ge=0)
+    summarize_to_mark: bool | None = None
     truncation: Literal["auto", "disabled"] | None = None
 
 
@@ -348,6 +349,12 @@ class ContextSettings(Section):
         ge=0,
         description="a masked tool output's placeholder keeps its errors, named values, paths "
         "and identifiers, in at most this many characters (and a quarter of the output); 0: none",
+    )
+    summarize_to_mark: bool = Field(
+        default=True,
+        description="a clearing that masking leaves above clear_to_fraction of the budget "
+        "goes on to it with the extractive summary (no model call); false: masking stops "
+        "once it leaves clear_at_least_tokens of room",
     )
     summarizer: Literal["fast", "full", "extractive"] = Field(
         default="fast",

@@ -20,6 +20,14 @@ def fields(header: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in header.split(", "))
 
 
+def masked_or_to_the_mark(done: dict[str, str]) -> bool:
+    """The ten long outputs masked and nothing summarized; or, where that leaves the request
+    above half its budget (the tier's count decides), the oldest turns summarized
+    extractively to reach it (``summarize_to_mark``: no model call)."""
+    masked = int(done["masked"]) == 10 and done["summarized"] == "0"
+    return masked or (done.get("summarizer") == "extractive" and int(done["summarized"]) > 0)
+
+
 def test_a_tool_session_longer_than_the_window_completes_masked(real_stack):
     client = real_stack.client().with_options(timeout=600)  # CPU prefill on a busy machine
     # long early outputs, short latest ones: masking alone brings it under a small budget
@@ -34,8 +42,7 @@ def test_a_tool_session_longer_than_the_window_completes_masked(real_stack):
     answer = raw.parse()
     header = raw.headers["x-gearshift-context"]
     done = fields(header)
-    assert int(done["masked"]) == 10 and int(done["tokens_before"]) > WINDOW, header
-    assert done["summarized"] == "0", header
+    assert masked_or_to_the_mark(done) and int(done["tokens_before"]) > WINDOW, header
     assert answer.usage.prompt_tokens <= 2000, header
     assert answer.choices[0].finish_reason in ("stop", "length")
 
@@ -71,7 +78,7 @@ def test_a_responses_call_longer_than_the_window_completes_with_truncation_auto(
         extra_headers={"x-gearshift-context-budget": "2000"},
     )  # fmt: skip
     done = fields(raw.headers["x-gearshift-context"])
-    assert int(done["masked"]) == 10 and int(done["tokens_before"]) > WINDOW, done
+    assert masked_or_to_the_mark(done) and int(done["tokens_before"]) > WINDOW, done
     response = raw.parse()
     assert response.truncation == "auto" and response.status in ("completed", "incomplete")
     assert response.usage is not None and response.usage.input_tokens <= 2000

@@ -26,9 +26,26 @@ def fields(header: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in header.split(", "))
 
 
-def test_a_long_tool_session_is_masked_and_answered(make_stack):
+def test_a_long_tool_session_goes_to_the_mark_without_a_model_call(make_stack):
+    """The default: masking leaves it above half the budget, so the extractive summary of
+    the oldest turns takes it there; the latest `keep_recent_messages` stay whole."""
     full, fast = FakeUpstream("full"), FakeUpstream("fast")
     stack = make_stack([full], [fast], context=ESTIMATE)
+    messages = session(20)
+    raw = stack.client().chat.completions.with_raw_response.create(
+        model="full", messages=messages, extra_headers=ON
+    )
+    assert raw.parse().choices[0].message.content == "hello from full"
+    done = fields(raw.headers["x-gearshift-context"])
+    assert done["summarizer"] == "extractive" and int(done["summarized"]) > 0
+    assert int(done["tokens_after"]) <= 3000 * 0.5 < 3000 < int(done["tokens_before"])
+    (sent,) = full.requests
+    assert sent["messages"][-4:] == messages[-4:] and not fast.requests  # no model call
+
+
+def test_a_long_tool_session_is_masked_and_answered(make_stack):
+    full, fast = FakeUpstream("full"), FakeUpstream("fast")
+    stack = make_stack([full], [fast], context={**ESTIMATE, "summarize_to_mark": False})
     messages = session(20)
     raw = stack.client().chat.completions.with_raw_response.create(
         model="full", messages=messages, extra_headers=ON
@@ -77,7 +94,8 @@ def test_a_stream_says_what_was_done_too(make_stack):
     with stack.client().chat.completions.with_streaming_response.create(
         model="full", messages=session(20), stream=True, extra_headers=ON
     ) as raw:
-        assert int(fields(raw.headers["x-gearshift-context"])["masked"]) > 0
+        done = fields(raw.headers["x-gearshift-context"])
+        assert int(done["tokens_after"]) < int(done["tokens_before"])
         assert "tok4" in "".join(raw.iter_lines())
 
 
@@ -95,7 +113,8 @@ def test_on_by_config_and_off_by_header(make_stack):
     stack = make_stack([full], context={**ESTIMATE, "mode": "auto", "budget_tokens": 3000})
     client = stack.client()
     on = client.chat.completions.with_raw_response.create(model="full", messages=session(20))
-    assert int(fields(on.headers["x-gearshift-context"])["masked"]) > 0
+    done = fields(on.headers["x-gearshift-context"])
+    assert int(done["tokens_after"]) <= 3000 < int(done["tokens_before"])
     off = client.chat.completions.with_raw_response.create(
         model="full", messages=session(20), extra_headers={"x-gearshift-context": "off"}
     )

@@ -22,7 +22,9 @@ from tests.gateway.pipeline.context.agent import output
 from tests.integration.conftest import FULL_MODEL
 from tests.support.fake_upstream import FakeUpstream
 
-ESTIMATE = {"exact_margin": 0.0, "budget_tokens": 3000}  # the stand-ins count characters
+# the stand-ins count characters; masking alone (no summary to the low-water mark), so that
+# a condensed chain is recognised by its placeholders
+ESTIMATE = {"exact_margin": 0.0, "budget_tokens": 3000, "summarize_to_mark": False}
 
 
 def fields(header: str) -> dict[str, str]:

@@ -4,7 +4,9 @@ Over its budget, a conversation goes down the ladder and stops at the first rung
 
 1. mask the oldest tool outputs (all but the latest ``keep_tool_results``; each placeholder
    keeps a short digest of its output; without the digests when all of them masked are
-   still over), then clip a recent output that alone would take half the budget;
+   still over), then clip a recent output that alone would take half the budget; masking
+   that leaves the room but not the low-water mark goes on to it with the extractive
+   summary (``extract``: no model call), when one is given;
 2. summarize the oldest span of turns (never the system messages, the latest user message
    or the latest ``keep_recent`` messages) into one message, the previous summary folded in;
 3. drop that summarized span, and say so.
@@ -150,6 +152,7 @@ class _Plan:
         self.cut, self.summary, self.dropped = 0, None, False
         self.kept: tuple[int, ...] = ()
         self.summarizer: str | None = None
+        self.extract: Summarize | None = None  # the summary that takes masking to the mark
         fits = self.head < memory.cut < len(messages)
         same = fits and msgs.span_key(messages[self.head : memory.cut]) == memory.span
         if memory.span is not None and same:
@@ -218,13 +221,17 @@ async def condense(
     counter: Counter,
     summarize: Summarize,
     memory: Memory | None = None,
+    extract: Summarize | None = None,
 ) -> Condensed | None:
     """``messages`` within ``knobs.budget`` (or as close as the ladder gets); None when
-    they fit as they are (nothing to do, nothing to report)."""
+    they fit as they are (nothing to do, nothing to report). ``extract`` (the extractive
+    summary: no model call) takes a clearing on to the low-water mark when masking leaves
+    the room but not the mark; without it masking stops there."""
     before, exact = await counter.measure(messages)
     if before <= knobs.budget:
         return None
     plan = _Plan(messages, knobs, memory or Memory())
+    plan.extract = extract
     for name, rung in RUNGS:
         if name not in knobs.rungs and name != "reuse":
             continue
@@ -255,16 +262,35 @@ async def _mask(plan: _Plan, counter: Counter, summarize: Summarize) -> tuple[in
     low-water mark with at least ``clear_at_least`` tokens fewer than before this rung
     (all but the latest ``keep_tool_results`` when that is not enough). Done when that
     leaves the room; else recent outputs are masked too (never the latest), the fewest
-    that leave it (with ``clear_to`` 1, no room asked, never)."""
+    that leave it (with ``clear_to`` 1, no room asked, never). Left above the low-water
+    mark, the clearing goes on to it with the extractive summary (``_to_mark``), before
+    any recent output is masked."""
     knobs = plan.knobs
     if plan.masked < plan.normal:
         found = await _mask_to(plan, counter, plan.normal, knobs.low_water, knobs.clear_at_least)
-        if found[0] <= knobs.budget - knobs.room:
-            return found
+        marked = await _to_mark(plan, counter, found)
+        if marked[0] <= knobs.budget - knobs.room:
+            return marked
     if plan.masked >= plan.reach:
         return None
     found = await _mask_to(plan, counter, len(plan.maskable), knobs.budget - knobs.room, 0)
     return found if found[0] <= knobs.budget - knobs.room else None
+
+
+async def _to_mark(plan: _Plan, counter: Counter, found: tuple[int, bool]) -> tuple[int, bool]:
+    """Masking the old outputs left the request above the low-water mark (the calls, the
+    short outputs and the placeholders are more than the mark): the oldest turns are
+    summarized by ``plan.extract`` to reach it, as the summary rung would, when that leaves
+    the room; else, or without ``extract`` or the summary rung, the masking stands."""
+    knobs = plan.knobs
+    if plan.extract is None or "summarize" not in knobs.rungs or found[0] <= knobs.low_water:
+        return found
+    saved = plan.cut, plan.summary, plan.dropped, plan.summarizer
+    done = await _summarize(plan, counter, plan.extract)
+    if done is not None and done[0] <= min(found[0], knobs.budget - knobs.room):
+        return done
+    plan.cut, plan.summary, plan.dropped, plan.summarizer = saved
+    return found
 
 
 async def _mask_to(

@@ -84,6 +84,7 @@ class Ask:
     rungs: tuple[str, ...] = ("mask", "summarize", "drop")
     clear_to: float = 0.5
     digest_chars: int = 240
+    to_mark: bool = True  # masking short of the mark goes on with the extractive summary
 
 
 def _headers(scope: Scope) -> tuple[bytes | None, bytes | None]:
@@ -128,9 +129,13 @@ def ask(cfg: ContextSettings, parsed: ParsedRequest, scope: Scope) -> Ask:
     rungs = next((o.rungs for o in layers if o.rungs is not None), cfg.rungs)
     clear_to = next((o.clear_to_fraction for o in layers if o.clear_to_fraction), None)
     digest = next((o.mask_digest_chars for o in layers if o.mask_digest_chars is not None), None)
+    to_mark = next(
+        (o.summarize_to_mark for o in layers if o.summarize_to_mark is not None),
+        cfg.summarize_to_mark,
+    )
     return Ask(
         on, budget, fraction, summarizer, tuple(rungs), clear_to or cfg.clear_to_fraction,
-        cfg.mask_digest_chars if digest is None else digest,
+        cfg.mask_digest_chars if digest is None else digest, to_mark,
     )  # fmt: skip
 
 
@@ -204,7 +209,10 @@ class ContextStage:
         )  # fmt: skip
         key = (parsed.identity.tenant, session_key) if session_key else None
         summarizer = self.summarizer(window, found.summarizer, knobs.summary_room)
-        condensed = await condense(messages, knobs, counter, summarizer, self._recall(key))
+        extract = (
+            self.summarizer(window, "extractive", knobs.summary_room) if found.to_mark else None
+        )
+        condensed = await condense(messages, knobs, counter, summarizer, self._recall(key), extract)
         if condensed is None:
             return None
         if key is not None:
