@@ -6,6 +6,7 @@ does not carry). Standard library and transformers only: this file is executed
 as a script, not imported as part of the package.
 
 Usage: python convert_gguf.py DIST_NAME GGUF_SUFFIX OUT_DIR CHAT_TEMPLATE_FILE
+       python convert_gguf.py --gguf GGUF_PATH OUT_DIR   (the GGUF's own chat template)
 Prints one JSON line {"event": ..., ...} per stage on stdout.
 """
 
@@ -41,7 +42,7 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def convert(gguf: Path, out: Path, template: str) -> None:
+def convert(gguf: Path, out: Path, template: str | None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
@@ -62,7 +63,8 @@ def convert(gguf: Path, out: Path, template: str) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     emit("stage", name="save-safetensors")
     model.save_pretrained(str(tmp), safe_serialization=True)
-    tokenizer.chat_template = template
+    if template is not None:
+        tokenizer.chat_template = template
     tokenizer.save_pretrained(str(tmp))
     (tmp / "gearshift-source.json").write_text(
         json.dumps({"gguf": gguf.name, "sha256": sha256(gguf)}, indent=2)
@@ -79,6 +81,9 @@ def main(argv: list[str]) -> int:
         dist, suffix = argv[1].split(":", 1)
         path = find_gguf(dist, suffix)
         emit("located", path=str(path), size=path.stat().st_size, sha256=sha256(path))
+        return 0
+    if len(argv) == 3 and argv[0] == "--gguf":
+        convert(Path(argv[1]), Path(argv[2]), None)
         return 0
     if len(argv) != 4:
         print(__doc__, file=sys.stderr)

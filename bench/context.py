@@ -1,6 +1,6 @@
 """Context strategies on long agent sessions, measured in one run.
 
-    python -m bench.context [--quick] [--upstream mock|real] [--data PATH | --seeded]
+    python -m bench.context [--quick] [--upstream mock|real|reader] [--data PATH | --seeded]
                             [--sessions N] [--budget 0.5[,0.15]] [--strategies none,default]
                             [--plot docs/img/context_policies.png] [--show-answers]
 
@@ -50,7 +50,9 @@ Several budgets (``--budget 0.15,0.5``) run one after the other on the same serv
 ``--upstream mock`` (bench.context_upstream) answers the question by reading the prompt (its accuracy: the
 facts a strategy kept in what the model saw) and cannot write a summary; ``--upstream
 real`` starts the embedded stack (two vLLM servers) and the models answer (its window is
-4096 tokens: most stored sessions do not fit it whole, and ``none`` gets a 400 there).
+4096 tokens: most stored sessions do not fit it whole, and ``none`` gets a 400 there);
+``--upstream reader`` serves Qwen2.5-Coder-0.5B-Instruct (``python -m bench.reader_model``
+provisions it) as both tiers from one vLLM server, window 16384: the sessions fit whole.
 ``--plot`` draws tokens against accuracy per strategy (bench.context_plot). The last line
 is JSON.
 """
@@ -72,6 +74,7 @@ from typing import Any
 import httpx
 import orjson
 
+from bench import reader_model
 from bench.context_data import DATA, SYSTEM, Question, load
 from bench.context_measure import PrefixCache, Score, Tally, extends, score
 from bench.context_plot import plot
@@ -307,6 +310,10 @@ def upstreams(kind: str, tmp: Path) -> Iterator[tuple[str, str, tuple[str, str],
         finally:
             stop(proc)
         return
+    if kind == "reader":  # one server as both tiers: the window holds a session whole
+        with reader_model.serving(tmp) as url:
+            yield url, url, reader_model.SERVED_NAMES, reader_model.WINDOW
+        return
     off = {"GEARSHIFT_STORE__ENABLED": "false", "GEARSHIFT_SANDBOX__ENABLED": "false",
            # vLLM's POST /reset_prefix_cache: each arm's prefix-cache hits are its own
            "VLLM_SERVER_DEV_MODE": "1"}  # fmt: skip
@@ -341,7 +348,8 @@ def print_table(rows: dict[str, dict[str, Any]]) -> None:
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="4 seeded sessions on the mock: seconds")
-    p.add_argument("--upstream", choices=("mock", "real"), default="mock")
+    p.add_argument("--upstream", choices=("mock", "real", "reader"), default="mock",
+                   help="reader: Qwen2.5-Coder-0.5B as both tiers (bench.reader_model)")  # fmt: skip
     p.add_argument("--data", type=Path, default=DATA,
                    help="the stored sessions (bench.context_sessions) replayed by default")  # fmt: skip
     p.add_argument("--seeded", action="store_true",
@@ -406,7 +414,7 @@ def main() -> None:
             config = gateway_config(tmp, full, fast, models, window)
             with gateway(tmp, config) as url, httpx.Client(base_url=url, timeout=900) as client:
                 # the full tier answers (the requests pin it); the fast one writes summaries
-                cache = PrefixCache(client, [full]) if args.upstream == "real" else None
+                cache = PrefixCache(client, [full]) if args.upstream != "mock" else None
                 resets = cache.reset() if cache is not None else False
                 by_budget, ran = {}, []
                 for share in shares:  # the time limit split between the budgets
