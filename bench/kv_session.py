@@ -19,6 +19,9 @@ compaction off vs the watermark trigger (``bench.kv_pressure``); ``--trigger adm
 sends ``--sessions`` long requests with long decodes at once into a pool that holds about
 two, off vs the prompt trigger, and measures how many run at once (``bench.kv_admission``).
 
+``--model PATH`` measures the accuracy with a model that reads (e.g. Qwen2.5-Coder-0.5B):
+one vLLM server, off vs each ``--budget``, many questions (``bench.kv_reader``).
+
 ``--on URL --off URL`` (gateway URLs) with ``--on-engine``/``--off-engine`` (the full
 tier's vLLM server) run the session on stacks already serving, as the end-to-end test's
 ``--quick`` run does. Compacted blocks never enter the prefix cache, so with compaction on
@@ -233,12 +236,23 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         "in a pool that holds about two, off vs the prompt trigger (bench.kv_admission)",
     )  # fmt: skip
     p.add_argument(
-        "--trigger-tokens", type=int, help="compact prompts longer; default: 1024, 256 (watermark)"
+        "--trigger-tokens",
+        type=int,
+        help="compact prompts longer; default: 1024, 256 (watermark), 4096 (--model)",
     )
     p.add_argument("--on", help="gateway URL of a running stack with compaction on")
     p.add_argument("--on-engine", help="its full tier's vLLM server URL")
     p.add_argument("--off", help="gateway URL of a running stack with compaction off")
     p.add_argument("--off-engine", help="its full tier's vLLM server URL")
+    r = p.add_argument_group("a model that reads (bench.kv_reader)")
+    r.add_argument(
+        "--model", type=Path, help="a model folder: one vLLM server, off vs each budget "
+        "(--budget takes a comma list), many questions (bench.kv_reader)",
+    )  # fmt: skip
+    r.add_argument("--docs", type=int, default=4, help="histories, each its own prompts")
+    r.add_argument(
+        "--facts", type=int, default=12, help="facts per history (<= 24), one question each"
+    )
     w = p.add_argument_group("watermark trigger")
     w.add_argument("--sessions", type=int, default=3, help="sessions running at once")
     w.add_argument("--pool-blocks", type=int, default=11, help="KV pool of the full tier")
@@ -288,8 +302,26 @@ def main_watermark(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
+def main_reader(args: argparse.Namespace) -> None:
+    from bench.kv_reader import main as reader
+    from bench.kv_reader import questions
+
+    budgets = [float(b) for b in args.budget.split(",")]
+    # quick: one ~3.2k-token history, 3 questions; else ~4.4k-5k tokens, compacted past 4096
+    docs, facts, lines, trigger = (
+        (1, 3, 120, 1024) if args.quick else (args.docs, args.facts, args.lines or 165, 4096)
+    )
+    qs = questions(docs, facts, lines)
+    runs, summary = reader(args.model, budgets, qs, args.trigger_tokens or trigger)
+    print(json.dumps(runs))
+    print(json.dumps(summary))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = arguments(argv)
+    if args.model is not None:
+        main_reader(args)
+        return
     if args.trigger == "watermark":
         main_watermark(args)
         return

@@ -6,6 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.layout import KVLayout
+from kernels.reference import score_tokens_reference
+from kernels.scoring import pool_scores
+from kernels.selection import select_tokens
 from kvplugin.compact import compact_in_place, compact_into, cpu_cache_views
 from kvplugin.config import ENV_VAR, CompactionConfig, CompactionConfigError
 
@@ -59,7 +63,8 @@ def test_views_address_the_cpu_layout() -> None:
 
 
 @pytest.mark.parametrize("per_head", [False, True])
-def test_compaction_in_the_cpu_layout(per_head: bool) -> None:
+@pytest.mark.parametrize("q_heads", [4, 14])  # GQA 2:1 (the tiny Llama), 7:1 (Qwen2.5-0.5B)
+def test_compaction_in_the_cpu_layout(per_head: bool, q_heads: int) -> None:
     torch.manual_seed(0)
     layers = [cpu_layout_cache(8, 2, 32, 64) for _ in range(3)]
     before = [c.clone() for c in layers]
@@ -68,10 +73,15 @@ def test_compaction_in_the_cpu_layout(per_head: bool) -> None:
     cfg = CompactionConfig(
         enabled=True, trigger_tokens=100, budget=70, window=8, sinks=4, per_head=per_head
     )
+    queries = torch.randn(3, 8, q_heads, 64)
+    # the selection the loop-written reference makes, each KV head scored by its query group
+    scores = score_tokens_reference([k for k, _ in views], KVLayout.FLASH, table, 150, queries)
+    expected = select_tokens(pool_scores(scores), 70, sinks=4, window=8, per_head=per_head)
     result = compact_in_place(
-        [k for k, _ in views], table, 150, torch.randn(3, 8, 4, 64), cfg.kept_tokens(150), cfg,
+        [k for k, _ in views], table, 150, queries, cfg.kept_tokens(150), cfg,
         value_caches=[v for _, v in views],
     )  # fmt: skip
+    assert torch.equal(result.kept, expected)
     assert result.new_length == 70 and result.freed_blocks == [0, 5]
     heads = 2 if per_head else 1
     assert result.kept.shape == (3, heads, 70)
