@@ -21,7 +21,8 @@ from typing import Any
 import aiohttp
 from starlette.types import Scope
 
-from gateway.config import ContextOverride, ContextSettings, Settings
+from gateway.config import Settings
+from gateway.config_context import ContextOverride, ContextSettings
 from gateway.errors import InvalidRequest
 from gateway.pipeline.context.counting import RequestCounter
 from gateway.pipeline.context.ladder import Knobs, Memory, Report, condense
