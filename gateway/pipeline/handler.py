@@ -159,18 +159,17 @@ class CompletionPipeline:
             )
         )  # fmt: skip
         watch = asyncio.ensure_future(wait_disconnect(receive))
+        # the client leaving cancels the work (which closes the upstream connection: vLLM
+        # aborts the request); a done-callback, not ``asyncio.wait`` (~7 µs a request less)
+        watch.add_done_callback(lambda w: w.cancelled() or work.cancel())
         try:
-            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:  # the server is stopping: the upstream request goes too
-            work.cancel()
+            return await work  # cancelled here (the server is stopping): the work goes too
+        except asyncio.CancelledError:
+            if watch.done() and not watch.cancelled():
+                raise ClientGone from None
             raise
         finally:
             watch.cancel()
-        if not work.done():
-            work.cancel()  # closes the upstream connection: vLLM aborts the request
-            await asyncio.gather(work, return_exceptions=True)
-            raise ClientGone
-        return work.result()
 
     async def _escalate(
         self,

@@ -346,6 +346,20 @@ async def test_a_client_that_leaves_during_dispatch_gets_499_and_the_replica_is_
     await eventually(lambda: fakes.full.disconnects == 1)
 
 
+async def test_a_server_stopping_during_dispatch_hangs_up_on_the_replica(fakes, gateway):
+    fakes.full.then(Behaviour(delay_s=8.0))
+    gw = await gateway(fakes.full_url, fakes.fast_url)
+    client = Client()
+    task = asyncio.ensure_future(gw(chat("full"), client))
+    await eventually(lambda: len(fakes.full.requests) == 1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert client.sent == [] and not client.gone.is_set()
+    assert gw.services.pools[Tier.FULL].replicas[0].in_flight == 0
+    await eventually(lambda: fakes.full.disconnects == 1)
+
+
 # -- streamed -------------------------------------------------------------------------------
 
 
