@@ -1,6 +1,7 @@
 """Routing decision time on one core, for sessions of 1 to 100 messages and up to 32k tokens.
 
     python -m bench.router_latency [--repeats 300] [--passes 3] [--policy session] [--quick]
+    python -m bench.router_latency --sessions 20
 
 Each shape is an agent session (a system prompt, user turns, assistant tool calls and tool
 results, text spread evenly) of N messages and about T prompt tokens (4 characters a
@@ -13,19 +14,24 @@ chain, ``RouteSessions.keys``: a SHA-256 over the history up to the last answer)
 decide with its default policy (session -> rules -> the shipped classifier), sizing the
 step from the previous step's exact prompt count (``router.tokens.anchored``). The
 length-threshold baseline is timed the same way, session lookup included. Last line: one
-JSON object with ``p99_ms`` (the worst shape's p99), ``p50_ms`` and the ratio to the
-baseline.
+JSON object with ``p99_ms`` (the worst shape's p99), ``p50_ms``, the ratio to the
+baseline, and ``decision_digest``: a SHA-256 over every decision of the timed shapes and of
+four agent sessions (``bench.agent_body``) routed step by step as the gateway routes them
+(each step extends the last one's tally and is sized from its anchor), with their sizing:
+two trees that route alike print the same digest.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
 import time
 from typing import Any
 
+from bench.agent_body import session_bodies
 from gateway.config import Settings
 from gateway.routing.sessions import CHAIN, RouteSessions, opening_key
 from gateway.store.chain import prefix_hash
@@ -92,6 +98,78 @@ def time_policy(policy: Any, body: dict[str, Any], repeats: int) -> list[float]:
     return times
 
 
+def _digested(digest: Any, request: RouteRequest, decision: Any) -> None:
+    analysis = decision.analysis or request.analysis
+    features = sorted(decision.features.items())
+    digest.update(repr((
+        str(decision.tier), decision.reason, decision.policy, decision.propensity, features,
+        decision.score, decision.threshold, analysis.counts, analysis.prompt_tokens,
+        analysis.position[0] if analysis.position else None,
+    )).encode())  # fmt: skip
+
+
+def agent_steps(seeds: int) -> list[list[bytes]]:
+    """``seeds`` agent sessions (``bench.agent_body``), each step as the client sends it."""
+    return [[json.dumps({"model": "auto", **b}).encode() for b in session_bodies(seed)]
+            for seed in range(seeds)]  # fmt: skip
+
+
+def route_sessions(policy: Any, sessions: list[list[bytes]], digest: Any = None) -> float:
+    """Route the sessions' steps, interleaved as concurrent agents send them, as the gateway
+    does: each body parsed afresh, each step extending its session's last tally and sized
+    from its anchor (the tier's count: the estimate, off by a little). Returns the CPU
+    seconds the decisions took (the parse not counted); ``digest`` gets each decision."""
+    states: list[SessionState] = [SessionState() for _ in sessions]
+    tallies: list[Any] = [None for _ in sessions]
+    cpu = 0.0
+    for step in range(max(map(len, sessions))):
+        for i, steps in enumerate(sessions):
+            if step >= len(steps):
+                continue
+            body, state = json.loads(steps[step]), states[i]
+            started = time.thread_time()
+            request = RouteRequest("chat", body, f"s{i}", state, prior=tallies[i])
+            decision = policy.decide(request)
+            analysis = decision.analysis or request.analysis
+            counted, tally, where = analysis.counts, analysis.tally, analysis.position
+            estimate = analysis.prompt_tokens
+            cpu += time.thread_time() - started
+            if digest is not None:
+                _digested(digest, request, decision)
+            anchor = Anchor(*where, counted, estimate[0] + step % 5 - 2) if where else None
+            failed = step % 6 == 5 and decision.tier is Tier.FAST
+            tallies[i], states[i] = tally, SessionState(
+                state.steps + 1, decision.tier, state.fast_failures + failed, 0,
+                state.steps if failed else state.last_failure_step, anchor,
+            )  # fmt: skip
+    return cpu
+
+
+def decision_digest(policy: Any, bodies: list[dict[str, Any]]) -> str:
+    """A digest of ``policy``'s decisions on ``bodies`` and on agent sessions' steps."""
+    digest = hashlib.sha256()
+    for body in bodies:
+        request = RouteRequest("chat", body, "s")
+        _digested(digest, request, policy.decide(request))
+    route_sessions(policy, agent_steps(4), digest)
+    return digest.hexdigest()[:16]
+
+
+def time_sessions(policy: Any, passes: int) -> None:
+    """CPU a step of 16 agent sessions of 15 steps (``route_sessions``), per pass; the last
+    line a JSON object with each pass's figure, their minimum and median."""
+    sessions = agent_steps(16)
+    steps = sum(map(len, sessions))
+    route_sessions(policy, sessions)  # warm-up
+    per_step = [route_sessions(policy, sessions) / steps * 1e6 for _ in range(passes)]
+    print(json.dumps({
+        "us_per_step_min": round(min(per_step), 1),
+        "us_per_step_median": round(statistics.median(per_step), 1),
+        "us_per_step_passes": [round(v, 1) for v in per_step], "steps": steps,
+        "decision_digest": decision_digest(policy, []),
+    }))  # fmt: skip
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -110,6 +188,11 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="20 decisions per shape, one pass: a smoke run"
     )
+    parser.add_argument(
+        "--sessions", type=int, metavar="PASSES", default=0,
+        help="instead: CPU a step of agent sessions routed as the gateway routes them "
+        "(each step extends the last one's tally), over PASSES passes",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.quick:
         args.repeats, args.passes = 20, 1
@@ -120,6 +203,9 @@ def main() -> None:
         policy = build_policy(router.policy, router.params)
     else:
         policy = build_policy(args.policy)
+    if args.sessions:
+        time_sessions(policy, args.sessions)
+        return
     baseline = build_policy("length_threshold")
     shapes = [(n, tokens) for n in MESSAGES for tokens in TOKENS]
     bodies = {shape: session(*shape) for shape in shapes}
@@ -147,7 +233,8 @@ def main() -> None:
         "p99_ms": worst, "p50_ms": round(statistics.median(r["p50_ms"] for r in rows), 4),
         "baseline_p99_ms": worst_base, "ratio_p99_vs_length_threshold": round(worst / worst_base, 2),
         "worst_pass_p99_ms": max(max(r["p99_ms_passes"]) for r in rows),
-        "policy": args.policy, "passes": args.passes, "shapes": rows,
+        "policy": args.policy, "passes": args.passes,
+        "decision_digest": decision_digest(policy, list(bodies.values())), "shapes": rows,
     }))  # fmt: skip
 
 

@@ -20,7 +20,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.step_features import Step, Turns, analyse
-from router.tokens import DEFAULT, Anchor, Counts, Sums, TokenModel, anchored, counts, position
+from router.tokens import (
+    DEFAULT,
+    NO_SUMS,
+    Anchor,
+    Counts,
+    Sums,
+    TokenModel,
+    anchored,
+    counts,
+    position,
+)
 
 PER_MESSAGE = 256  # bytes a kept message costs beyond its text, about (``Tally.size``)
 
@@ -33,6 +43,10 @@ class Tally:
     messages: list[Any]  # a copy of the request's list (its message objects)
     sums: Sums
     turns: Turns
+    # the sums of the messages after the first ``base``, those ``extended`` read (None:
+    # all of them were read, ``of``): what the session's anchor is sized up by
+    base: int = 0
+    added: Sums | None = None
 
     @classmethod
     def of(cls, messages: list[Any]) -> Tally:
@@ -49,7 +63,8 @@ class Tally:
         if len(messages) == n:
             return self
         added = messages[n:]
-        return Tally(messages[:], self.sums.extended(added), self.turns.extended(added))
+        sums = NO_SUMS.extended(added)
+        return Tally(messages[:], self.sums.joined(sums), self.turns.extended(added), n, sums)
 
     @property
     def size(self) -> int:
@@ -101,7 +116,11 @@ class Analysis:
         """(the prompt tokens the tier will read, whether they were sized from the session's
         last exact count): ``router.tokens.anchored`` with the request's token model."""
         if self._prompt_tokens is None:
-            self._prompt_tokens = anchored(self._tokens, self.counts, self._body, self._anchor)
+            sizes, anchor, added = self.counts, self._anchor, None
+            tally = self._tally
+            if anchor is not None and tally is not None and tally.base == anchor.messages:
+                added = tally.added  # the step's appended messages, read once
+            self._prompt_tokens = anchored(self._tokens, sizes, self._body, anchor, added)
         return self._prompt_tokens
 
     @property

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from router.step_features import Step, analyse
+from router.tokens import MAPS
 from router.types import SessionState
 
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "classifier.json"  # greedy outcomes
@@ -62,10 +63,10 @@ def _tool_params(body: Mapping[str, Any]) -> int:
         return 0
     total = 0
     for tool in tools[:MAX_TOOLS]:
-        fn = tool.get("function") if isinstance(tool, dict | Mapping) else None
-        params = fn.get("parameters") if isinstance(fn, dict | Mapping) else None
-        props = params.get("properties") if isinstance(params, dict | Mapping) else None
-        if isinstance(props, dict | Mapping):
+        fn = tool.get("function") if isinstance(tool, MAPS) else None
+        params = fn.get("parameters") if isinstance(fn, MAPS) else None
+        props = params.get("properties") if isinstance(params, MAPS) else None
+        if isinstance(props, MAPS):
             total += len(props)
     return total
 
@@ -189,11 +190,13 @@ class Classifier:
         missing = set(DENSE) - set(self.dense) | set(DENSE) - set(self.mean)
         if missing:
             raise ValueError(f"router model lacks weights for {sorted(missing)}")
+        # (name, weight, mean, scale) of each dense input, in DENSE's order, read per request
+        self._rows = tuple((k, self.dense[k], self.mean[k], self.scale[k]) for k in DENSE)
         self._text_terms = functools.lru_cache(maxsize=TEXT_CACHE)(self._hashed_terms)
 
-    def _hashed_terms(self, text: str) -> tuple[Terms, Terms]:
-        """The hashed n-grams of ``text`` (the last user message) and their contributions
-        to the logit; and the largest three of them (``_top``)."""
+    def _hashed_terms(self, text: str) -> tuple[tuple[float, ...], Terms]:
+        """The contributions to the logit of the hashed n-grams of ``text`` (the last user
+        message); and the largest three of them (``_top``), named."""
         grams = _ngrams(text)
         if not grams:
             return (), ()
@@ -205,7 +208,7 @@ class Classifier:
             w = hashed.get(zlib.crc32(gram.encode()) & mask)
             if w:
                 terms.append(("text:" + gram, w * weight))
-        return tuple(terms), tuple(_top(terms))
+        return tuple(c for _, c in terms), tuple(_top(terms))
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_MODEL) -> Classifier:
@@ -232,13 +235,19 @@ class Classifier:
     ) -> Prediction:
         step = step or analyse(body)
         x, raw = dense_features(body, session, step)
-        contributions = [
-            (name, self.dense[name] * standardize(x[name], self.mean[name], self.scale[name]))
-            for name in DENSE
-        ]
         text, text_top = self._text_terms(step.text)
+        values = [self.bias]
+        ranked = []  # (-|contribution|, name, contribution): ``_top``'s order, without a key
+        for name, weight, mean, scale in self._rows:
+            v = (x[name] - mean) / scale  # standardize(), inlined: the same comparisons
+            v = v if v < CLIP else CLIP
+            c = weight * (v if v > -CLIP else -CLIP)
+            values.append(c)
+            ranked.append((-abs(c), name, c))
+        ranked += [(-abs(c), name, c) for name, c in text_top]  # the text's top 3 stand for all
+        ranked.sort()  # names are unique: the order of (-|c|, name), as ``_top`` sorts
         # fsum is exact, so the result does not depend on the (hash-seeded) order of the set
-        z = math.fsum([self.bias, *(c for _, c in contributions), *(c for _, c in text)])
+        z = math.fsum([*values, *text])
         p = 1.0 / (1.0 + math.exp(-max(-30.0, min(30.0, z))))
-        top = _top([*contributions, *text_top])  # the text's own top 3 stand for all of it
-        return Prediction(p, tuple((k, round(v, 3)) for k, v in top), {**raw, **x})
+        top = tuple((name, round(c, 3)) for _, name, c in ranked[:3])
+        return Prediction(p, top, {**raw, **x})

@@ -21,6 +21,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeAlias
 
+from router.tokens import MAPS
+
 Risk: TypeAlias = Literal["read-only", "egress", "mutating", "destructive"]
 RISKS: tuple[Risk, ...] = ("read-only", "egress", "mutating", "destructive")  # in increasing order
 HOSTED: dict[str, Risk] = {
@@ -55,9 +57,9 @@ def classify(name: str, overrides: Mapping[str, Risk] | None = None) -> Risk:
 
 
 def _name(tool: object) -> str | None:
-    if isinstance(tool, dict | Mapping):
+    if isinstance(tool, MAPS):
         fn = tool.get("function")
-        if isinstance(fn, dict | Mapping) and isinstance(fn.get("name"), str):
+        if isinstance(fn, MAPS) and isinstance(fn.get("name"), str):
             return str(fn["name"])
     return None
 
@@ -71,7 +73,7 @@ def pending(
     choice = body.get("tool_choice")
     if choice == "none":
         return None
-    named = _name(choice) if isinstance(choice, dict | Mapping) else None
+    named = _name(choice) if isinstance(choice, MAPS) else None
     if named is not None:
         return classify(named, overrides), named
     if not offered and choice != "required":

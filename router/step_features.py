@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from router.tokens import DEFAULT, Counts, TokenModel, counts
+from router.tokens import DEFAULT, LISTS, MAPS, Counts, TokenModel, counts
 
 # Cheap substring tests first (C speed), and bounded patterns only after a hint matched: a
 # hostile request must not be able to make a decision slow. The tests also see only SCAN
@@ -80,8 +80,8 @@ EFFORT = {"minimal": 0.0, "low": 0.0, "medium": 1.0, "high": 2.0}
 def _text(content: object) -> str:
     if isinstance(content, str):
         return content
-    if isinstance(content, list | Sequence):
-        texts = (p.get("text") for p in content if isinstance(p, dict | Mapping))
+    if isinstance(content, LISTS):
+        texts = (p.get("text") for p in content if isinstance(p, MAPS))
         return " ".join(t for t in texts if isinstance(t, str))
     return ""
 
@@ -108,7 +108,7 @@ class Turns:
         n, users, depth, tool = self.messages, self.user_turns, self.depth, self.tool
         last_user: Mapping[str, Any] | None = None
         for m in messages:
-            if not isinstance(m, dict | Mapping):
+            if not isinstance(m, MAPS):
                 continue
             n += 1
             role = m.get("role")
@@ -145,7 +145,7 @@ def analyse(
     ``turns``: its messages' ``Turns`` when the caller has them."""
     if turns is None:
         messages = body.get("messages")
-        turns = Turns().extended(messages if isinstance(messages, list | Sequence) else ())
+        turns = Turns().extended(messages if isinstance(messages, LISTS) else ())
     prompt = body.get("prompt")
     if turns.user is not None:
         user_text = turns.user
@@ -166,8 +166,8 @@ def analyse(
         "last_tool_error": float(tool_error(_text(turns.tool))),
         "code": float(_code_math(user_text)[0]),
         "math": float(_code_math(user_text)[1]),
-        "structured_output": float(isinstance(fmt, dict | Mapping) and fmt.get("type") in ("json_schema", "json_object")),
-        "forced_tool": float(choice == "required" or isinstance(choice, dict | Mapping)),
+        "structured_output": float(fmt is not None and isinstance(fmt, MAPS) and fmt.get("type") in ("json_schema", "json_object")),
+        "forced_tool": float(choice == "required" or (choice is not None and isinstance(choice, MAPS))),
         "max_tokens": float(limit) if isinstance(limit, int) else 0.0,
         "reasoning_effort": EFFORT.get(str(body.get("reasoning_effort")), 0.0),
     }, user_text, sizes)  # fmt: skip

@@ -30,11 +30,15 @@ import functools
 import json
 import operator
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import orjson
 
+# isinstance's second argument on the hot path: a tuple (``dict | Mapping`` builds a union
+# object at every call, and checks dicts several times slower)
+MAPS = (dict, Mapping)
+LISTS = (list, Sequence)
 DIGIT_BUDGET = 8192  # characters, the latest, in which digits and symbols are counted (then scaled)
 MAX_TOOLS = 64  # tool schemas serialized; the rest are assumed to be the same size on average
 DIGITS = b"0123456789"
@@ -106,7 +110,7 @@ class TokenModel:
             return 0
         if c.token_ids and not c.chars:
             return c.token_ids
-        total = sum(w * x for w, x in zip(self.weights(), c.vector(), strict=True))
+        total = sum(map(operator.mul, self.weights(), c.vector()))  # both of len 10, in order
         return max(0, round(total)) + c.token_ids
 
     def appended(self, c: Counts) -> float:
@@ -158,6 +162,63 @@ def _classes(texts: list[str], chars: int) -> tuple[float, float, float]:
     return digits * scale, symbols * scale, wide * scale
 
 
+Marks = tuple[int, int, int]  # one text's digits, symbols and UTF-8 bytes (``_marks``)
+
+
+def _marks(text: str) -> Marks:
+    """What ``_classes`` counts in ``text``: its digits, symbols and UTF-8 bytes."""
+    raw = text.encode("utf-8", "surrogatepass")
+    n = len(raw)
+    return n - len(raw.translate(None, DIGITS)), n - len(raw.translate(None, SYMBOLS)), n
+
+
+UNMARKED: Marks = (0, 0, 0)  # a text longer than the budget: only ever read in part
+
+
+def _mark(text: str) -> Marks:
+    """``_marks`` of a text the budget may hold whole (bounded work: a huge message is not
+    counted here; ``_classes_marked`` counts the part of it the budget reaches)."""
+    return _marks(text) if len(text) <= DIGIT_BUDGET else UNMARKED
+
+
+def _marked(texts: tuple[str, ...]) -> tuple[Marks, ...]:
+    """The ``_mark`` of each of ``_latest``'s texts; none for the oldest when the budget
+    holds only part of it: read in part now, it only ever is (texts are only appended)."""
+    if sum(map(len, texts)) > DIGIT_BUDGET:
+        return (UNMARKED, *map(_mark, texts[1:]))
+    return tuple(map(_mark, texts))
+
+
+def _classes_marked(
+    texts: Sequence[str], marks: Sequence[Marks], chars: int
+) -> tuple[float, float, float]:
+    """``_classes(texts, chars)`` from each text's ``_marks``, counted once when the text
+    was read: only the oldest text the budget reaches into is counted again (the part of it
+    the budget holds). The same figures, since digits and symbols are single bytes and each
+    text is encoded on its own either way."""
+    if not chars:
+        return 0.0, 0.0, 0.0
+    room = DIGIT_BUDGET
+    digits = symbols = size = 0
+    for i in range(len(texts) - 1, -1, -1):
+        text = texts[i]
+        if len(text) <= room:
+            d, s, n = marks[i]
+            room -= len(text)
+        else:
+            d, s, n = _marks(text[-room:])
+            room = 0
+        digits, symbols, size = digits + d, symbols + s, size + n
+        if room <= 0:
+            break
+    seen = DIGIT_BUDGET - max(room, 0)
+    if not seen:
+        return 0.0, 0.0, 0.0
+    wide = max(0, size - seen)
+    scale = chars / seen
+    return digits * scale, symbols * scale, wide * scale
+
+
 def _content(content: object, texts: list[str]) -> int:
     """Characters of a message's text (a string, or its text parts), appended to ``texts``."""
     if isinstance(content, str):
@@ -166,7 +227,7 @@ def _content(content: object, texts: list[str]) -> int:
     chars = 0
     if isinstance(content, list):
         for part in content:
-            text = part.get("text") if isinstance(part, dict | Mapping) else None
+            text = part.get("text") if isinstance(part, MAPS) else None
             if isinstance(text, str):
                 texts.append(text)
                 chars += len(text)
@@ -210,14 +271,19 @@ class Sums:
     json_chars: int = 0  # of the tool calls (the offered tools are the request's own)
     calls: int = 0
     texts: tuple[str, ...] = ()  # the latest texts, DIGIT_BUDGET characters of them (or all)
+    # each text's ``_marks``, counted once, when sums were first joined to these (empty: not
+    # counted: a reading afresh counts the latest texts in one pass, ``_classes``)
+    marks: tuple[Marks, ...] = field(default=(), compare=False, repr=False)
 
     def extended(self, messages: Iterable[Any]) -> Sums:
         """The sums over the messages read so far followed by ``messages``."""
+        if self.opened:
+            return self.joined(NO_SUMS.extended(messages))
         texts = list(self.texts)
         opened, system = self.opened, self.system
         chars, calls, json_chars, plain = self.chars, self.calls, self.json_chars, self.messages
         for m in messages:
-            if not isinstance(m, dict | Mapping):
+            if not isinstance(m, MAPS):
                 continue
             if not opened:
                 opened, system = True, m.get("role") == "system"
@@ -226,8 +292,8 @@ class Sums:
             plain += m.get("role") != "tool" and not (isinstance(tool_calls, list) and tool_calls)
             if isinstance(tool_calls, list):
                 for call in tool_calls:
-                    fn = call.get("function") if isinstance(call, dict | Mapping) else None
-                    if not isinstance(fn, dict | Mapping):
+                    fn = call.get("function") if isinstance(call, MAPS) else None
+                    if not isinstance(fn, MAPS):
                         continue
                     calls += 1
                     name, args = fn.get("name"), fn.get("arguments")
@@ -239,9 +305,36 @@ class Sums:
                         json_chars += _json_len(args)
         return Sums(opened, system, plain, chars, json_chars, calls, _latest(texts))
 
+    def joined(self, after: Sums) -> Sums:
+        """The sums over these messages followed by those ``after`` sums up: what
+        ``extended`` with its messages gives (``after``: ``Sums().extended`` of them)."""
+        if not after.opened:
+            return self
+        if not self.opened:
+            return after
+        texts = _latest([*self.texts, *after.texts])
+        k, m = len(texts), len(after.texts)  # texts: the last k of both, empty ones left out
+        new = after.marks if len(after.marks) == m else _marked(after.texts)
+        if k <= m:
+            marks = new[m - k :]
+        else:  # the newest k - m of these texts are carried over: marked once, here or before
+            carried = k - m
+            old = self.marks[len(self.marks) - carried :]
+            if len(self.marks) != len(self.texts):  # read afresh last time: marked now
+                old = _marked(self.texts[len(self.texts) - carried :])
+            marks = old + new
+        return Sums(
+            True, self.system, self.messages + after.messages, self.chars + after.chars,
+            self.json_chars + after.json_chars, self.calls + after.calls, texts, marks,
+        )  # fmt: skip
+
     def counts(self, tools: object) -> Counts:
         """The request's counts: these messages' with ``tools`` offered."""
-        digits, symbols, wide = _classes(list(self.texts), self.chars + self.json_chars)
+        chars = self.chars + self.json_chars
+        if len(self.marks) == len(self.texts):
+            digits, symbols, wide = _classes_marked(self.texts, self.marks, chars)
+        else:
+            digits, symbols, wide = _classes(list(self.texts), chars)
         json_chars = self.json_chars
         offered = tools if isinstance(tools, list) else ()
         if offered:
@@ -273,6 +366,9 @@ def _latest(texts: list[str]) -> tuple[str, ...]:
                 break
     kept.reverse()
     return tuple(kept)
+
+
+NO_SUMS = Sums()
 
 
 def counts(body: Mapping[str, Any], sums: Sums | None = None) -> Counts:
@@ -312,7 +408,7 @@ FINGERPRINT_CALLS = 16
 def fingerprint(message: object) -> int:
     """A cheap identity for one message (role, text, tool calls): bounded work whatever its
     size. In-process only (Python's string hash is seeded per process)."""
-    if not isinstance(message, dict | Mapping):
+    if not isinstance(message, MAPS):
         return 0
     texts: list[str] = []
     _content(message.get("content"), texts)
@@ -322,8 +418,8 @@ def fingerprint(message: object) -> int:
     parts += (text[:FINGERPRINT_CHARS], text[-FINGERPRINT_CHARS:])
     if isinstance(calls, list):
         for call in calls[:FINGERPRINT_CALLS]:
-            fn = call.get("function") if isinstance(call, dict | Mapping) else None
-            if isinstance(fn, dict | Mapping):
+            fn = call.get("function") if isinstance(call, MAPS) else None
+            if isinstance(fn, MAPS):
                 args = fn.get("arguments")
                 args = args if isinstance(args, str) else str(_json_len(args))
                 parts += (fn.get("name"), args[:FINGERPRINT_CHARS], len(args))
@@ -355,7 +451,11 @@ class Anchor:
 
 
 def anchored(
-    model: TokenModel, sizes: Counts, body: Mapping[str, Any], anchor: Anchor | None
+    model: TokenModel,
+    sizes: Counts,
+    body: Mapping[str, Any],
+    anchor: Anchor | None,
+    added: Sums | None = None,
 ) -> tuple[int, bool]:
     """(the prompt tokens of ``body``, whether they were sized from ``anchor``).
 
@@ -365,7 +465,8 @@ def anchored(
     messages hold, with the same tools offered. Anything else — a client that compacted
     or edited its history, changed its tools — is estimated afresh. The tokens are then
     the anchored step's exact count plus ``model``'s estimate of the appended messages
-    alone (their digits and symbols counted in them, not in the whole)."""
+    alone (their digits and symbols counted in them, not in the whole). ``added``: the
+    ``Sums`` of ``body``'s messages after the anchored step's, when the caller has them."""
     estimate = model.estimate_counts(sizes)
     if anchor is None or sizes.token_ids or anchor.tokens <= 0:
         return estimate, False
@@ -374,7 +475,8 @@ def anchored(
         return estimate, False
     if fingerprint(messages[anchor.messages - 1]) != anchor.last:
         return estimate, False
-    added = counts({"messages": messages[anchor.messages :]})
+    after = messages[anchor.messages :]
+    added = (NO_SUMS.extended(after) if added is None else added).counts(None)
     before = anchor.counts
     grown = (
         sizes.no_system == before.no_system

@@ -64,12 +64,14 @@ class Session:
 
     def decide(self, request: RouteRequest) -> Decision:
         inner = self.base.decide(request)
-        decision = replace(inner, policy=f"{self.name}/{inner.policy}", analysis=request.analysis)
+        policy, analysis = f"{self.name}/{inner.policy}", request.analysis
         why = self._why_full(request.session, inner, request.body)
         if why is None:
-            return decision
+            return replace(inner, policy=policy, analysis=analysis)
         reason = f"{why}; {inner.policy} said {inner.tier}"
-        return replace(decision, tier=Tier.FULL, reason=reason, propensity=1.0)
+        return replace(
+            inner, policy=policy, analysis=analysis, tier=Tier.FULL, reason=reason, propensity=1.0
+        )
 
     def _why_full(
         self, state: SessionState | None, inner: Decision, body: Mapping[str, Any]

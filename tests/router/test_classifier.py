@@ -154,3 +154,37 @@ def test_the_kept_text_terms_explain_as_a_whole_computation_would():
     assert first.top == tuple((k, round(v, 3)) for k, v in top)
     z = math.fsum([model.bias, *(v for _, v in terms)])
     assert first.probability == 1.0 / (1.0 + math.exp(-max(-30.0, min(30.0, z))))
+
+
+def _reference(model: Classifier, body: dict, session: SessionState | None) -> tuple:
+    """What ``predict`` computes, written out the plain way: the dense inputs standardized
+    one by one, every text term, the top three by size over all of them."""
+    import math
+
+    from router.classifier import standardize
+
+    x, raw = dense_features(body, session)
+    terms = [(n, model.dense[n] * standardize(x[n], model.mean[n], model.scale[n])) for n in DENSE]
+    grams = ngrams(body)
+    for gram in grams:
+        w = model.hashed.get(bucket(gram, model.bits))
+        if w:
+            terms.append(("text:" + gram, w / math.sqrt(len(grams))))
+    top = sorted(terms, key=lambda kv: (-abs(kv[1]), kv[0]))[:3]
+    z = math.fsum([model.bias, *(v for _, v in terms)])
+    p = 1.0 / (1.0 + math.exp(-max(-30.0, min(30.0, z))))
+    return p, tuple((k, round(v, 3)) for k, v in top), {**raw, **x}
+
+
+@pytest.mark.parametrize("path", [DEFAULT_MODEL, DEFAULT_SAMPLED_MODEL], ids=["greedy", "sampled"])
+def test_predictions_are_the_plain_computation_exactly(path: Path):
+    """Agent session steps, the synthetic set, with and without a session's failures: the
+    same probability, explanation and features, float for float."""
+    from bench.agent_body import session_bodies
+
+    model = Classifier.load(path)
+    bodies = [*session_bodies(seed=3), *(e.body for e in synthetic(40, seed=2))]
+    for i, body in enumerate(bodies):
+        session = SessionState(steps=i, fast_failures=i % 4, escalations=i % 3) if i % 2 else None
+        got = model.predict(body, session)
+        assert (got.probability, got.top, got.features) == _reference(model, body, session)

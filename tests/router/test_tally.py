@@ -12,7 +12,7 @@ import router.tokens
 from router import RouteRequest, build_policy
 from router.analysis import Tally
 from router.step_features import SCAN, analyse
-from router.tokens import DIGIT_BUDGET, counts
+from router.tokens import DEFAULT, DIGIT_BUDGET, NO_SUMS, Anchor, counts
 from router.types import SessionState
 
 TOOLS = [
@@ -159,3 +159,70 @@ def test_a_copy_is_kept_not_the_callers_list():
     messages.append({"role": "assistant", "content": "hello"})
     assert len(tally.messages) == 1
     assert tally.extended(messages) is not None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_step_sized_from_its_anchor_reads_its_appended_messages_once(seed: int):
+    """The anchor's growth check and the appended messages' tokens come from the sums the
+    tally read them into (``Tally.added``): the same sizing as counting them again."""
+    rng = random.Random(seed)
+    tally: Tally | None = None
+    state = SessionState()
+    reused = 0
+    for messages, _ in session(rng):
+        b = body(messages, rng)
+        grown = RouteRequest("chat", b, "s", state, prior=tally)
+        afresh = RouteRequest("chat", b, "s", state)
+        counted = router.tokens.anchored(DEFAULT, counts(b), b, state.anchor)
+        assert grown.analysis.prompt_tokens == afresh.analysis.prompt_tokens == counted
+        added = grown.analysis.tally.added if grown.analysis.tally is not None else None
+        reused += added is not None and counted[1]
+        tally = grown.analysis.tally
+        assert tally is not None
+        where = grown.analysis.position
+        exact = grown.analysis.prompt_tokens[0] + rng.randint(-20, 20)
+        anchor = None if where is None else Anchor(*where, grown.analysis.counts, exact)
+        state = SessionState(steps=state.steps + 1, anchor=anchor)
+    assert reused  # some steps were sized from the appended messages' sums
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sums_joined_are_the_sums_extended(seed: int):
+    """``Sums.joined`` (what ``Tally.extended`` does) gives what reading on gives; the
+    counts from the texts' marks (kept from join to join) are those of a reading afresh."""
+    rng = random.Random(seed)
+    for messages, _ in session(rng):
+        cut = rng.randint(0, len(messages))
+        head = NO_SUMS.extended(messages[:cut])
+        joined = head.joined(NO_SUMS.extended(messages[cut:]))
+        whole = NO_SUMS.extended(messages)
+        assert joined == whole == head.extended(messages[cut:])
+        assert (
+            joined.counts(TOOLS)
+            == whole.counts(TOOLS)
+            == counts({"messages": messages, "tools": TOOLS})
+        )
+        chained, at = NO_SUMS, 0
+        while at < len(messages):  # a session's steps, each appending a few messages
+            step = rng.randint(1, 4)
+            chained = chained.joined(NO_SUMS.extended(messages[at : at + step]))
+            at += step
+            if chained.marks:
+                assert len(chained.marks) == len(chained.texts)
+                assert chained.marks[1:] == tuple(map(router.tokens._mark, chained.texts))[1:]
+        assert chained == whole and chained.counts(TOOLS) == whole.counts(TOOLS)
+
+
+def test_marked_counts_equal_a_reading_of_the_latest_budget():
+    """Texts longer than the budget, wide scripts, lone surrogates: each text counted on its
+    own gives the counts of the joined sample."""
+    rng = random.Random(5)
+    pieces = ["a1;", "Ошибка 42", "数据{}", "🙂\n", "\ud800x", "x" * DIGIT_BUDGET, "7" * 3000]
+    for _ in range(200):
+        texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 6))) for _ in range(6)]
+        latest = router.tokens._latest(texts)
+        marks = router.tokens._marked(latest)
+        chars = sum(map(len, texts))
+        assert router.tokens._classes_marked(latest, marks, chars) == router.tokens._classes(
+            list(latest), chars
+        )
