@@ -23,7 +23,7 @@ Part 4 (``bench.writer_chain``): the writer on named agent sessions of 10, 30 an
 hashing each step's whole history against hashing what the step adds
 (``named_sessions``, ``writer_chain_ratio_60_steps``).
 
-    python -m bench.recorder [--quick] [--sessions-only] [--chain-only] [--latency-ms 50]
+    python -m bench.recorder [--quick] [--sessions-only] [--chain-only] [--writer-ab] [--latency-ms 50]
                              [--plot FILE]
 
 The last line printed is one JSON object. ``throughput_ratio_recording_on`` is the
@@ -354,9 +354,19 @@ def main() -> None:
         "--chain-only", action="store_true",
         help="only part 4 (the writer on named sessions: whole-history vs incremental hashing)",
     )  # fmt: skip
+    p.add_argument(
+        "--writer-ab", action="store_true",
+        help="only the writer as it is against as it was (a lookup a step, SQLAlchemy's "
+        "inserts), alternating on 64 named sessions of 30 steps (#29)",
+    )  # fmt: skip
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="gearshift-bench-recorder-") as d:
         tmp = Path(d)
+        if a.writer_ab:
+            from bench.writer_chain import lookup_ab
+
+            print(json.dumps(lookup_ab(tmp, a.quick)))
+            return
         if a.chain_only:
             print(json.dumps(chain_keys(chain_runs(tmp, a.quick))))
             return

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import Engine
+from sqlalchemy import Engine, insert
 
 from bench.agent_body import session_bodies
 from gateway.recording.records import ChoiceCapture, RawJson, StepRecord
@@ -35,6 +35,7 @@ from gateway.recording.writer import StepWriter
 from gateway.recording.writer_process import encode, encode_step, read_frame, to_record
 from gateway.store import chain
 from gateway.store.database import make_engine, upgrade
+from gateway.store.rows import insert_ignore
 
 LENGTHS = (10, 30, 60)
 DONE = {"role": "assistant", "content": "Done."}
@@ -159,3 +160,67 @@ def chain_runs(tmp: Path, quick: bool) -> dict[str, dict[str, float]]:
     for engine in engines.values():
         engine.dispose()
     return out
+
+
+def sqlalchemy_inserts(
+    conn: Any, table: Any, rows: list[dict[str, Any]], ignore: bool = False
+) -> None:
+    """The writer's inserts as SQLAlchemy executes them (before ``batch.insert_rows``)."""
+    if ignore:
+        insert_ignore(conn, table, rows)
+    elif rows:
+        conn.execute(insert(table), rows)
+
+
+def lookup_ab(tmp: Path, quick: bool) -> dict[str, Any]:
+    """``--writer-ab`` (#29): 64 named sessions of 30 steps, step k of each to a frame (a
+    gateway at 64 concurrent agents), written by the writer as it is and as it was (a
+    query a step for the open calls a step's tool messages answer, and SQLAlchemy's own
+    multi-row inserts), alternating in this process; CPU-µs per step (user + system, the
+    collector run as the writer process runs it), each round and the median ratio."""
+    import gc
+    import resource
+    import statistics
+
+    from gateway.recording import batch, tool_calls
+
+    fast_inserts, prefetch_ids = batch.insert_rows, tool_calls.PREFETCH_IDS
+    count, length, rounds = (16, 10, 2) if quick else (64, 30, 5)
+    framed = frames([steps_of(seed, length) for seed in range(count)], "ab")
+
+    def once(now: bool, name: str) -> float:
+        batch.insert_rows = fast_inserts if now else sqlalchemy_inserts
+        tool_calls.PREFETCH_IDS = prefetch_ids if now else 0
+        url = f"sqlite:///{tmp}/ab-{name}.db"
+        upgrade(url)
+        engine = make_engine(url)
+        writer, steps = StepWriter(), 0
+        gc.collect()
+        gc.disable()
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        for frame in framed:
+            records = [to_record(d) for d in read_frame(io.BytesIO(frame))["records"]]
+            with engine.begin() as conn:
+                writer.write(conn, records)
+            steps += len(records)
+            del records
+            gc.collect(0)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        gc.enable()
+        engine.dispose()
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        return cpu * 1e6 / steps
+
+    try:
+        once(True, "warm")
+        runs = []
+        for r in range(rounds):
+            was, now = once(False, f"was-{r}"), once(True, f"now-{r}")
+            runs.append({"was_us": round(was, 1), "now_us": round(now, 1),
+                         "ratio": round(now / was, 3)})  # fmt: skip
+            print(f"writer A/B round {r + 1}: as it was {was:.0f}, as it is {now:.0f} "
+                  f"CPU-us/step ({now / was:.2f}x)", flush=True)  # fmt: skip
+    finally:
+        batch.insert_rows, tool_calls.PREFETCH_IDS = fast_inserts, prefetch_ids
+    ratio = statistics.median(r["ratio"] for r in runs)
+    return {"writer_ab_ratio": ratio, "writer_ab": runs, "sessions": count, "steps": length}

@@ -6,11 +6,14 @@ decides what goes in them is ``gateway.recording.writer`` (with ``numbering`` an
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
+from weakref import WeakKeyDictionary
 
 import orjson
-from sqlalchemy import Connection, bindparam, func, insert, select, update
+from sqlalchemy import Connection, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy.dialects import sqlite
 
 from gateway.recording.prompt_ref import Encoded
 from gateway.recording.records import ChoiceCapture, StepRecord, ToolResultRecord
@@ -52,6 +55,38 @@ OPEN_CALLS = select(tool_calls.c.id, tool_calls.c.call_id, tool_calls.c.exit_sta
     tool_calls.c.call_id.in_(bindparam("call_ids", expanding=True)),
     tool_calls.c.result.is_(None),
 )
+
+
+def open_calls(conn: Connection, pairs: list[tuple[str, str]]) -> Sequence[Any]:
+    """``OPEN_CALLS`` for several (session, call id) pairs at once (``ToolCalls.prefetch``):
+    (session id, call pk, call id, exit status) rows. An OR of pairs, which the (session_id,
+    call_id) index answers pair by pair (SQLite scanned the table for a tuple IN, and two IN
+    lists made it look up every session with every call id); compiled once per dialect and
+    number of pairs, and run as its SQL: SQLAlchemy would compute the cache key of its
+    hundreds of terms at every execution."""
+    known = _OPEN_CALLS_OF.setdefault(conn.dialect, {})
+    compiled = known.get(len(pairs))
+    if compiled is None:
+        c = tool_calls.c
+        terms = [
+            and_(c.session_id == bindparam(f"s{i}"), c.call_id == bindparam(f"c{i}"))
+            for i in range(len(pairs))
+        ]
+        stmt = select(c.session_id, c.id, c.call_id, c.exit_status).where(
+            or_(*terms), c.result.is_(None)
+        )
+        compiled = known[len(pairs)] = stmt.compile(dialect=conn.dialect)
+    params = {f"{k}{i}": v for i, pair in enumerate(pairs) for k, v in zip("sc", pair, strict=True)}
+    if compiled.positional:
+        assert compiled.positiontup is not None
+        return conn.exec_driver_sql(
+            compiled.string, tuple(params[k] for k in compiled.positiontup)
+        ).all()
+    return conn.exec_driver_sql(compiled.string, params).all()
+
+
+_OPEN_CALLS_OF: WeakKeyDictionary[Any, dict[int, Any]] = WeakKeyDictionary()
+
 ANSWER_CALL = (
     update(tool_calls)
     .where(tool_calls.c.id == bindparam("pk"))
@@ -112,6 +147,11 @@ class Pending:
         # sessions with nothing committed when this batch first saw them: no call of theirs
         # can be in the database, so answering their calls needs no query
         self.fresh: set[str] = set()
+        # session -> the call ids read in one statement at the batch's start (``prefetched``)
+        # and the open committed calls found under them, in the order the store gave them
+        self.prefetched: dict[str, tuple[set[str], list[tuple[str, str, int | None]]]] = {}
+        # the tool results of a step's messages (``id`` of the list), found by ``prefetch``
+        self.tool_results: dict[int, dict[Any, Any]] = {}
         # session -> how many step numbers this batch gives it (choices of one request share one)
         self.order: dict[str, int] = {}
         # session -> its last committed step number (-1: none) as this batch found it
@@ -132,8 +172,8 @@ class Pending:
     def flush(self, conn: Connection) -> dict[str, int]:
         """Insert everything; the sessions' last step numbers the steps were numbered after."""
         # Sorted: two writers inserting the same keys wait for each other in one order.
-        insert_ignore(conn, blobs, [self.blobs[k] for k in sorted(self.blobs)])
-        insert_ignore(conn, sessions, [self.sessions[k] for k in sorted(self.sessions)])
+        insert_rows(conn, blobs, [self.blobs[k] for k in sorted(self.blobs)], ignore=True)
+        insert_rows(conn, sessions, [self.sessions[k] for k in sorted(self.sessions)], ignore=True)
         tops = self.number(conn)
         for table, rows in (
             (steps, self.steps),
@@ -141,8 +181,7 @@ class Pending:
             (rewards_t, self.rewards),
             (context_events, self.events),
         ):
-            if rows:
-                conn.execute(insert(table), rows)
+            insert_rows(conn, table, rows)
         if self.answers:
             conn.execute(ANSWER_CALL, self.answers)
         if self.sandbox_results:
@@ -165,6 +204,64 @@ class Pending:
         for row in self.steps:
             row["seq"] += tops[row["session_id"]] + 1
         return tops
+
+
+class _Compiled:
+    """A table's INSERT for one set of row keys, compiled once for SQLite: its SQL, and each
+    parameter's key and bind processor in the order the statement binds them."""
+
+    __slots__ = ("binds", "sql")
+
+    def __init__(self, conn: Connection, table: Any, keys: tuple[str, ...], ignore: bool) -> None:
+        stmt = sqlite.insert(table).on_conflict_do_nothing() if ignore else insert(table)
+        compiled = stmt.compile(dialect=conn.dialect, column_keys=list(keys))
+        processors = compiled._bind_processors
+        assert compiled.positiontup is not None and set(compiled.positiontup) == set(keys)
+        self.sql = compiled.string
+        # (a column's processor: one callable; a sequence only for tuple-valued binds)
+        self.binds: list[tuple[str, Callable[[Any], Any] | None]] = [
+            (k, cast(Callable[[Any], Any] | None, processors.get(k))) for k in compiled.positiontup
+        ]
+
+
+# per dialect (its JSON serializer is in the bind processors), table, keys and ignore
+_COMPILED: WeakKeyDictionary[Any, dict[tuple[str, tuple[str, ...], bool], _Compiled]] = (
+    WeakKeyDictionary()
+)
+
+
+def insert_rows(
+    conn: Connection, table: Any, rows: list[dict[str, Any]], ignore: bool = False
+) -> None:
+    """One multi-row INSERT of ``rows`` (``ignore``: ON CONFLICT DO NOTHING).
+
+    SQLite: the statement is compiled once per table and set of keys, and the rows go to
+    the driver's ``executemany`` as tuples, each value through the bind processor
+    SQLAlchemy gives its column: the parameters SQLAlchemy would send, without building
+    its execution context's per-row dictionaries and its statement cache lookups (#29).
+    Rows whose keys differ from the first's, and PostgreSQL, take SQLAlchemy's way."""
+    if not rows:
+        return
+    if conn.dialect.name != "sqlite":
+        if ignore:
+            insert_ignore(conn, table, rows)
+        else:
+            conn.execute(insert(table), rows)
+        return
+    keys = tuple(rows[0])
+    if any(r.keys() != rows[0].keys() for r in rows):
+        conn.execute(
+            (sqlite.insert(table).on_conflict_do_nothing() if ignore else insert(table)), rows
+        )
+        return
+    known = _COMPILED.setdefault(conn.dialect, {})
+    at = (table.name, keys, ignore)
+    compiled = known.get(at)
+    if compiled is None:
+        compiled = known[at] = _Compiled(conn, table, keys, ignore)
+    binds = compiled.binds
+    params = [tuple(row[k] if p is None else p(row[k]) for k, p in binds) for row in rows]
+    conn.exec_driver_sql(compiled.sql, params)
 
 
 def last_numbers(conn: Connection, sids: list[str]) -> dict[str, int]:

@@ -27,6 +27,7 @@ from gateway.recording.batch import (
     NO_SANDBOX_RESULT,
     OPEN_CALLS,
     Pending,
+    open_calls,
     reward_row,
     text_of,
 )
@@ -37,6 +38,19 @@ from sandbox.toolschema import check_call
 
 # under the writer's name: one logger for all that the writer reports
 log = logging.getLogger("gateway.recording.writer")
+
+PREFETCH_IDS = (
+    500  # (session, call id) pairs a batch's one lookup asks for; past them, step by step
+)
+
+
+def tool_results(messages: Any) -> dict[Any, Any]:
+    """The results a request's tool messages carry, by the call id they answer."""
+    return {
+        m.get("tool_call_id"): m.get("content")
+        for m in messages or ()
+        if isinstance(m, dict) and m.get("role") == "tool" and m.get("tool_call_id")
+    }
 
 
 class ToolCalls:
@@ -135,11 +149,9 @@ class ToolCalls:
         in memory, then committed ones (unless the session had nothing committed, the call
         id is settled: looked up or answered before, or no call of a session whose every
         step this writer wrote has that id)."""
-        results: dict[Any, Any] = {
-            m.get("tool_call_id"): m.get("content")
-            for m in messages or ()
-            if isinstance(m, dict) and m.get("role") == "tool" and m.get("tool_call_id")
-        }
+        results = p.tool_results.pop(id(messages), None)
+        if results is None:
+            results = tool_results(messages)
         if not results:
             return []
         # (the call's row when it is pending in this batch, else its id; exit status; result)
@@ -160,8 +172,7 @@ class ToolCalls:
         own = self._own.get(sid)
         ask = list(results) if own is None else [c for c in results if c in own]
         if ask and sid not in p.fresh:
-            params = {"sid": sid, "call_ids": ask}
-            for call_pk, call_id, exit_status in conn.execute(OPEN_CALLS, params):
+            for call_pk, call_id, exit_status in self._open(conn, p, sid, ask):
                 if call_pk not in p.answered:
                     p.answered.add(call_pk)
                     found.append((call_pk, exit_status, text_of(results[call_id])))
@@ -190,6 +201,43 @@ class ToolCalls:
                 reward_row(rec, sid, None, call_pk, "tool_success", 1.0 if ok else -1.0, created)
             )
         return out
+
+    def prefetch(self, conn: Connection, p: Pending, asks: list[tuple[str, Any]]) -> None:
+        """Read in one statement the open committed calls that the steps of a batch may
+        pair their tool messages with (``asks``: each step's session id and ``messages``),
+        instead of one statement a step (``results``: a session's step at every batch).
+        Only what a step would ask is read: the call ids of its tool messages that are not
+        settled (and, for a session whose every step was this writer's, that it made).
+        Nothing the batch does reaches the store before its flush, so these rows are what
+        each step's own statement would read; a step asking anything else reads it then."""
+        wanted: dict[str, set[str]] = {}
+        for sid, messages in asks:
+            results = tool_results(messages)
+            p.tool_results[id(messages)] = results
+            settled = self._settled.get(sid) or ()
+            own = self._own.get(sid)
+            ids = {c for c in results if c not in settled and (own is None or c in own)}
+            if ids:
+                wanted.setdefault(sid, set()).update(ids)
+        pairs = sorted((sid, c) for sid, ids in wanted.items() for c in ids)
+        if not pairs or len(pairs) > PREFETCH_IDS:
+            return
+        found: dict[str, list[tuple[str, str, int | None]]] = {sid: [] for sid in wanted}
+        for sid, call_pk, call_id, exit_status in open_calls(conn, pairs):
+            found[sid].append((call_pk, call_id, exit_status))
+        for sid, ids in wanted.items():
+            p.prefetched[sid] = (ids, found[sid])
+
+    def _open(
+        self, conn: Connection, p: Pending, sid: str, ask: list[Any]
+    ) -> list[tuple[str, str, int | None]]:
+        """Session ``sid``'s open committed calls under the call ids ``ask``: from the
+        batch's ``prefetch`` when it read them all, else read now."""
+        known = p.prefetched.get(sid)
+        if known is not None and known[0].issuperset(ask):
+            wanted = set(ask)
+            return [row for row in known[1] if row[1] in wanted]
+        return [tuple(r) for r in conn.execute(OPEN_CALLS, {"sid": sid, "call_ids": ask})]
 
     def sandbox_result(self, conn: Connection, p: Pending, rec: ToolResultRecord) -> None:
         """Set a sandbox run's outcome on the call it answers (pending in this batch, or

@@ -16,7 +16,8 @@ session a history continues, a session's next number, earlier tool calls) are
 answered from caches of what this process wrote and from the batch's own pending
 rows, and go to the database only on a miss, without writing the batch first. A
 batch of agent steps therefore costs a handful of statements, not several per
-step: one of them reads the last step number of every session the batch touches.
+step: one of them reads the last step number of every session the batch touches, another
+the open calls that its steps' tool messages may answer (``ToolCalls.prefetch``).
 
 The pieces: ``numbering`` keeps what this writer knows of sessions' step numbers (and
 notices another writer's steps), ``tool_calls`` builds call rows and pairs results with
@@ -202,8 +203,9 @@ class StepWriter:
         """The session this step belongs to, and whether its history was rewritten."""
         if rec.external_session is not None:
             sid = session_key(rec.tenant, rec.external_session)
-            self._pending.sessions.setdefault(sid, session_row(rec, sid))
             if not self._numbers.has_steps(conn, self._pending, sid):
+                # (a session with a step has its row: committed, or pending in this batch)
+                self._pending.sessions.setdefault(sid, session_row(rec, sid))
                 self._owned(sid)
                 return sid, False  # the session's first step: nothing to rewrite
             # Later steps must extend an earlier answer of this session; anything else
@@ -257,18 +259,29 @@ class StepWriter:
         self, conn: Connection, records: Sequence[StepRecord | ToolResultRecord]
     ) -> None:
         """Read, in one statement, the last step number of the sessions this batch's steps
-        name (or continue, by a chain link cached here) and that this writer remembers."""
+        name (or continue, by a chain link cached here) and that this writer remembers;
+        then, in one more, the open calls their tool messages may answer
+        (``ToolCalls.prefetch``)."""
         sids = set()
+        asks: list[tuple[str, Any]] = []
         for rec in records:
             if not isinstance(rec, StepRecord):
                 continue
+            sid = None
             if rec.external_session is not None:
-                sids.add(session_key(rec.tenant, rec.external_session))
+                sid = session_key(rec.tenant, rec.external_session)
             elif rec.chain is not None and rec.chain.prefix:
-                sid = self._chains.get(f"{rec.tenant}\x00{rec.chain.prefix}")
-                if sid is not None:
-                    sids.add(str(sid))
-        self._numbers.check(conn, self._pending, sids)
+                hit = self._chains.get(f"{rec.tenant}\x00{rec.chain.prefix}")
+                sid = None if hit is None else str(hit)
+            if sid is None:
+                continue
+            sids.add(sid)
+            if rec.endpoint == "chat" and isinstance(rec.request, dict):
+                asks.append((sid, rec.request.get("messages")))
+        p = self._pending
+        self._numbers.check(conn, p, sids)
+        # a session known to have no step has no committed call (``Pending.fresh``)
+        self._calls.prefetch(conn, p, [(s, m) for s, m in asks if p.tops.get(s) != -1])
 
     def _hooks(
         self, rec: StepRecord, request: dict[str, Any], choice: ChoiceCapture
