@@ -3,6 +3,7 @@
     python -m bench.context [--quick] [--upstream mock|real|reader] [--data PATH | --seeded]
                             [--sessions N] [--budget 0.5[,0.15]] [--strategies none,default]
                             [--plot docs/img/context_policies.png] [--show-answers]
+                            [--skip N] [--records RECORDS.jsonl]
 
 The sessions replayed by default are stored: ``bench/data/context_sessions.jsonl.gz``
 (``--data``), 200 tool loops of 22-30 calls whose outputs come from the sandbox's real
@@ -54,7 +55,13 @@ real`` starts the embedded stack (two vLLM servers) and the models answer (its w
 ``--upstream reader`` serves Qwen2.5-Coder-0.5B-Instruct (``python -m bench.reader_model``
 provisions it) as both tiers from one vLLM server, window 16384: the sessions fit whole.
 ``--plot`` draws tokens against accuracy per strategy (bench.context_plot). The last line
-is JSON.
+is JSON. A long run that may be cut short: ``--records`` appends each (session, strategy)
+as it ends (its tally and its answers), ``--skip N`` starts at the data's session ``N``
+(batch ``k`` of ``N``: ``--skip kN --sessions N``; a session's index, not its place in
+the batch, orders its arms), and ``python -m bench.context_combine RECORDS...`` reads
+the records back as one run's table. Batches run in separate gateways, whose token
+calibration starts afresh each time, so their condensed prompts may differ by a few
+percent from one long run's.
 """
 
 from __future__ import annotations
@@ -67,7 +74,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -160,10 +167,17 @@ def build_session(
 
 
 def run_session(
-    client: httpx.Client, name: str, n: int, s: Session, arm: Arm, tally: Tally
+    client: httpx.Client,
+    name: str,
+    n: int,
+    s: Session,
+    arm: Arm,
+    tally: Tally,
+    answers: list[dict[str, Any]] | None = None,
 ) -> None:
     """One session's replayed steps and questions through strategy ``name``'s key; each
-    question is asked after the whole history, in a request of its own."""
+    question is asked after the whole history, in a request of its own. ``answers`` gets
+    each question's value, the model's text and its score (an error: text ``None``)."""
     headers = {"authorization": f"Bearer sk-{name}", "x-gearshift-context-budget": str(arm.budget),
                "x-session-id": f"{name}-{arm.budget}-{n}"}  # fmt: skip
     asks: list[tuple[list[dict[str, Any]], Question | None]] = [
@@ -185,6 +199,8 @@ def run_session(
             tally.errors += 1
             if q is not None:
                 (end if q.end else early).append(Score(exact=False, normalised=False))
+                if answers is not None:
+                    answers.append(answer_record(q, None, Score(exact=False, normalised=False)))
             continue
         data = resp.json()
         tally.ms.append(took)
@@ -202,8 +218,16 @@ def run_session(
             if arm.show_answers:
                 print(f"{name}\t{q.value}\t{text!r}", file=sys.stderr)
             tally.answer_ms.append(took)
-            (end if q.end else early).append(score(text, q.value, q.kind))
+            got = score(text, q.value, q.kind)
+            (end if q.end else early).append(got)
+            if answers is not None:
+                answers.append(answer_record(q, text, got))
     tally.answered(s.family, early, end)
+
+
+def answer_record(q: Question, text: str | None, got: Score) -> dict[str, Any]:
+    return {"key": q.key, "kind": q.kind, "value": q.value, "end": q.end, "answer": text,
+            "exact": got.exact, "normalised": got.normalised}  # fmt: skip
 
 
 def count_summaries(name: str, done: str, tally: Tally) -> None:
@@ -225,6 +249,8 @@ class Arm:
     cache: PrefixCache | None  # the engines' prefix caches (the real stack only)
     show_answers: bool = False  # each answer to stderr: strategy, value, the model's text
     deadline: float = float("inf")  # time.monotonic(): no session starts after it
+    first: int = 0  # the first session's index in the data (--skip)
+    records: Path | None = None  # one JSON line per (session, strategy) appended as it ends
 
 
 def run_arms(
@@ -234,22 +260,33 @@ def run_arms(
     starts with the ``i``-th strategy, so no arm always runs first on a warm machine. On
     the real stack the prefix cache is emptied before each (session, strategy) so that an
     arm's hits are its own steps reusing their prefix, never another arm's prompt. No
-    session starts after ``arm.deadline``: every arm has run the same sessions."""
+    session starts after ``arm.deadline``: every arm has run the same sessions. Session
+    ``i`` of ``sessions`` is the data's ``arm.first + i`` (its index names it: the order
+    of arms, the session header, the record); with ``arm.records`` each (session,
+    strategy) is appended there as it ends (bench.context_combine reads them)."""
     tallies = {n: Tally() for n in names}
-    for i, s in enumerate(sessions):
+    for i, s in enumerate(sessions, start=arm.first):
         if time.monotonic() > arm.deadline:
             break
         k = i % len(names)
         for name in names[k:] + names[:k]:
-            tally = tallies[name]
+            one, answers = Tally(), []
+            t0 = time.perf_counter()
             if arm.cache is not None:
                 arm.cache.reset()
                 hits, queries = arm.cache.counters()
-            run_session(client, name, i, s, arm, tally)
+            run_session(client, name, i, s, arm, one, answers)
             if arm.cache is not None:
                 h, q = arm.cache.counters()
-                tally.cache_hits += h - hits
-                tally.cache_queries += q - queries
+                one.cache_hits += h - hits
+                one.cache_queries += q - queries
+            tallies[name].merge(one)
+            if arm.records is not None:
+                record = {"budget": arm.budget, "session": i, "family": s.family,
+                          "strategy": name, "seconds": round(time.perf_counter() - t0, 1),
+                          "answers": answers, "tally": asdict(one)}  # fmt: skip
+                with arm.records.open("ab") as out:
+                    out.write(orjson.dumps(record) + b"\n")
     return tallies
 
 
@@ -369,6 +406,10 @@ def parse_args() -> argparse.Namespace:
         "out): an error, a path, an identifier's line or a named value",
     )
     p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--skip", type=int, default=0,
+                   help="start at the data's session N (batch k of N: --skip kN --sessions N)")  # fmt: skip
+    p.add_argument("--records", type=Path, default=None,
+                   help="append one JSON line per (session, strategy) as it ends")  # fmt: skip
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--show-answers", action="store_true", help="each answer to stderr")
     p.add_argument("--plot", type=Path, default=None,
@@ -376,6 +417,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--time-limit-s", type=float, default=float("inf"),
                    help="start no session after this long (the stack's start not counted)")  # fmt: skip
     args = p.parse_args()
+    if args.skip < 0:
+        p.error(f"--skip: a session index, 0 or more (got {args.skip})")
     if args.quick:
         args.sessions, args.upstream, args.seeded = 4, "mock", True
     if not args.seeded and not args.data.exists():
@@ -395,13 +438,17 @@ def parse_args() -> argparse.Namespace:
 
 
 def sessions_for(args: argparse.Namespace, window: int) -> list[Session]:
+    """The sessions to replay: the data's (or the seeded ones') ``--skip`` onwards,
+    ``--sessions`` of them."""
+    skip = args.skip
     if not args.seeded:
-        return stored_sessions(args.data, args.sessions, args.replay)
+        count = None if args.sessions is None else skip + args.sessions
+        return stored_sessions(args.data, count, args.replay)[skip:]
     rng = random.Random(args.seed)
     # the history at the question fills --fill of the window: it fits uncondensed
     chars = int(window * args.fill * 3.2 / args.steps)
     return [build_session(rng, args.steps, chars, args.replay, args.facts)
-            for _ in range(args.sessions or 40)]  # fmt: skip
+            for _ in range(skip + (args.sessions or 40))][skip:]  # fmt: skip
 
 
 def main() -> None:
@@ -419,7 +466,8 @@ def main() -> None:
                 by_budget, ran = {}, []
                 for share in shares:  # the time limit split between the budgets
                     deadline = time.monotonic() + args.time_limit_s / len(shares)
-                    arm = Arm(int(window * share), models[0], cache, args.show_answers, deadline)
+                    arm = Arm(int(window * share), models[0], cache, args.show_answers, deadline,
+                              args.skip, args.records)  # fmt: skip
                     tallies = run_arms(client, names, sessions, arm)
                     rows = {n: t.row(tallies["none"]) for n, t in tallies.items()}
                     print(f"budget {arm.budget} tokens ({share} of the window)")
@@ -441,7 +489,8 @@ def main() -> None:
         }
     )
     print(orjson.dumps({
-        "upstream": args.upstream, "sessions": ran[0], **source, "window": window, **first,
+        "upstream": args.upstream, "sessions": ran[0], **source, "skip": args.skip,
+        "window": window, **first,
         "prefix_cache_reset": resets, "by_budget": by_budget if len(shares) > 1 else None,
     }).decode())  # fmt: skip
 

@@ -24,7 +24,7 @@ import random
 import re
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import httpx
@@ -145,6 +145,25 @@ class Tally:
             self.exact += sum(s.exact for s in early)
         if end:
             self.end.append(all(s.normalised for s in end))
+
+    def merge(self, other: Tally) -> None:
+        """Adds ``other`` (a session's tally, or a batch's) to this one: lists extended in
+        order, counts summed, so a run tallied per session reads as one tallied whole."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, list):
+                mine.extend(theirs)
+            elif isinstance(mine, dict):
+                for key, values in theirs.items():
+                    mine.setdefault(key, []).extend(values)
+            else:
+                setattr(self, f.name, mine + theirs)
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> Tally:
+        """The tally ``dataclasses.asdict`` wrote (bench.context's ``--records`` lines)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
 
     def row(self, base: Tally | None) -> dict[str, Any]:
         tokens = statistics.fmean(self.prompt_tokens) if self.prompt_tokens else 0.0
