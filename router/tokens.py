@@ -110,7 +110,7 @@ class TokenModel:
             return 0
         if c.token_ids and not c.chars:
             return c.token_ids
-        total = sum(map(operator.mul, self.weights(), c.vector()))  # both of len 10, in order
+        total: float = sum(map(operator.mul, self.weights(), c.vector()))  # len 10 each, in order
         return max(0, round(total)) + c.token_ids
 
     def appended(self, c: Counts) -> float:
@@ -280,7 +280,8 @@ class Sums:
         if self.opened:
             return self.joined(NO_SUMS.extended(messages))
         texts = list(self.texts)
-        opened, system = self.opened, self.system
+        opened: bool = False  # (these sums are empty: a non-empty one joins instead)
+        system = self.system
         chars, calls, json_chars, plain = self.chars, self.calls, self.json_chars, self.messages
         for m in messages:
             if not isinstance(m, MAPS):
@@ -476,19 +477,19 @@ def anchored(
     if fingerprint(messages[anchor.messages - 1]) != anchor.last:
         return estimate, False
     after = messages[anchor.messages :]
-    added = (NO_SUMS.extended(after) if added is None else added).counts(None)
+    more = (NO_SUMS.extended(after) if added is None else added).counts(None)
     before = anchor.counts
     grown = (
         sizes.no_system == before.no_system
         and sizes.tools == before.tools
-        and sizes.chars == before.chars + added.chars
-        and sizes.json_chars == before.json_chars + added.json_chars
-        and sizes.messages == before.messages + added.messages
-        and sizes.calls == before.calls + added.calls
+        and sizes.chars == before.chars + more.chars
+        and sizes.json_chars == before.json_chars + more.json_chars
+        and sizes.messages == before.messages + more.messages
+        and sizes.calls == before.calls + more.calls
     )
     if not grown:
         return estimate, False
-    return anchor.tokens + max(0, round(model.appended(added))), True
+    return anchor.tokens + max(0, round(model.appended(more))), True
 
 
 def estimate_prompt_tokens(body: Mapping[str, Any], model: TokenModel | None = None) -> int:
