@@ -95,7 +95,11 @@ def test_long_prompts_are_compacted_and_answered(compacting_stack: RealStack) ->
     # compacted blocks never entered the prefix cache, so the repeat is compacted the same way
     chat(ask(first + "\n" + history(3, 20)))
     repeat, repeat_id = streamed(client, ask(first))
-    assert repeat == answers[0]
+    # the same greedy answer up to where batch shape decides a near tie: the first ran in a
+    # batch of three, the repeat alone, and CPU kernels sum in another order for another
+    # shape (seen on a new machine: '…57.172.' against '…57.172 -' after 23 equal
+    # characters); that it was compacted the same way is checked on its record below
+    assert agreed(repeat, answers[0]) >= min(16, len(answers[0])), (repeat, answers[0])
     log = full_log(compacting_stack)
     kept = [
         (int(k), int(n))
@@ -129,6 +133,13 @@ def test_long_prompts_are_compacted_and_answered(compacting_stack: RealStack) ->
     while scraped(compacting_stack, labels) != count and time.monotonic() < deadline:
         time.sleep(0.5)
     assert scraped(compacting_stack, labels) == count
+
+
+def agreed(a: str, b: str) -> int:
+    """How many characters two answers agree on from their start."""
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
 
 
 def streamed(client: openai.OpenAI, messages: list[dict[str, str]]) -> tuple[str, str]:
