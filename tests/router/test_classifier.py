@@ -134,26 +134,12 @@ def test_examples_round_trip_and_errors(tmp_path: Path):
 def test_the_kept_text_terms_explain_as_a_whole_computation_would():
     """The last user message's terms are kept by its text; the explanation's top three
     are still the top three over every contribution."""
-    import heapq
-    import math
-
-    from router.classifier import standardize
-
     model = Classifier.load(DEFAULT_MODEL)
     body = {"messages": [{"role": "user", "content": "Compute 48213 * 99121, then fix def f(x):"}]}
     first, again = model.predict(body), model.predict(json.loads(json.dumps(body)))
     assert first == again
-    x, _ = dense_features(body)
-    terms = [(n, model.dense[n] * standardize(x[n], model.mean[n], model.scale[n])) for n in DENSE]
-    grams = ngrams(body)
-    for gram in grams:
-        w = model.hashed.get(bucket(gram, model.bits))
-        if w:
-            terms.append(("text:" + gram, w / math.sqrt(len(grams))))
-    top = heapq.nsmallest(3, terms, key=lambda kv: (-abs(kv[1]), kv[0]))
-    assert first.top == tuple((k, round(v, 3)) for k, v in top)
-    z = math.fsum([model.bias, *(v for _, v in terms)])
-    assert first.probability == 1.0 / (1.0 + math.exp(-max(-30.0, min(30.0, z))))
+    probability, top, _ = _reference(model, body, None)
+    assert (first.probability, first.top) == (probability, top)
 
 
 def _reference(model: Classifier, body: dict, session: SessionState | None) -> tuple:

@@ -15,8 +15,9 @@ import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import event, insert
+from sqlalchemy import event
 
+from bench.writer_chain import sqlalchemy_inserts  # the writer's inserts before insert_rows
 from gateway.recording import batch as batch_module
 from gateway.recording import tool_calls as tool_calls_module
 from gateway.recording.records import (
@@ -28,7 +29,6 @@ from gateway.recording.records import (
 from gateway.recording.writer import StepWriter
 from gateway.store import chain
 from gateway.store.database import make_engine, upgrade
-from gateway.store.rows import insert_ignore
 from gateway.store.schema import blobs, context_events, rewards, sessions, steps, tool_calls
 
 TOOLS = [
@@ -123,16 +123,6 @@ def dump(url: str) -> dict[str, list[tuple[Any, ...]]]:
 
 
 INSERT_ROWS = batch_module.insert_rows
-
-
-def sqlalchemy_inserts(
-    conn: Any, table: Any, rows: list[dict[str, Any]], ignore: bool = False
-) -> None:
-    """The inserts as SQLAlchemy executes them: the writer's way before ``insert_rows``."""
-    if ignore:
-        insert_ignore(conn, table, rows)
-    elif rows:
-        conn.execute(insert(table), rows)
 
 
 def run(
