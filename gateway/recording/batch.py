@@ -63,19 +63,25 @@ def open_calls(conn: Connection, pairs: list[tuple[str, str]]) -> Sequence[Any]:
     call_id) index answers pair by pair (SQLite scanned the table for a tuple IN, and two IN
     lists made it look up every session with every call id); compiled once per dialect and
     number of pairs, and run as its SQL: SQLAlchemy would compute the cache key of its
-    hundreds of terms at every execution."""
+    hundreds of terms at every execution. The pairs are padded with their last to a power of
+    two (a repeated term selects nothing more), so a writer keeps at most ten statements, not
+    one per count up to ``PREFETCH_IDS``."""
+    if not pairs:
+        return []
+    size = 1 << (len(pairs) - 1).bit_length()
+    pairs = pairs + pairs[-1:] * (size - len(pairs))
     known = _OPEN_CALLS_OF.setdefault(conn.dialect, {})
-    compiled = known.get(len(pairs))
+    compiled = known.get(size)
     if compiled is None:
         c = tool_calls.c
         terms = [
             and_(c.session_id == bindparam(f"s{i}"), c.call_id == bindparam(f"c{i}"))
-            for i in range(len(pairs))
+            for i in range(size)
         ]
         stmt = select(c.session_id, c.id, c.call_id, c.exit_status).where(
             or_(*terms), c.result.is_(None)
         )
-        compiled = known[len(pairs)] = stmt.compile(dialect=conn.dialect)
+        compiled = known[size] = stmt.compile(dialect=conn.dialect)
     params = {f"{k}{i}": v for i, pair in enumerate(pairs) for k, v in zip("sc", pair, strict=True)}
     if compiled.positional:
         assert compiled.positiontup is not None
