@@ -57,10 +57,10 @@ class Completions:
         raw, body = await read_json_raw(request, self.services.settings.limits.max_body_bytes)
         session_id = headers.get("x-session-id") or body.get("user")
         named = (principal.tenant, session_id) if isinstance(session_id, str) else None
-        self.validator.validate(body, VALIDATORS[endpoint], named, len(raw))
+        encoded = self.validator.validate(body, VALIDATORS[endpoint], named, len(raw))
         note_unknown_fields(endpoint, body, self._unknown_fields)
         who = RequestIdentity(
             request_id, t0, endpoint, body["model"], principal.tenant, principal.key_name,
             session_id, headers.get("x-gearshift-task-id"), headers.get("x-gearshift-group-id"),
         )  # fmt: skip
-        return ParsedRequest(who, body, raw)
+        return ParsedRequest(who, body, raw, encoded)

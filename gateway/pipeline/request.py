@@ -8,7 +8,8 @@ exactly one writer.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from router import Endpoint
@@ -42,11 +43,14 @@ class ParsedRequest:
     """A validated completion request. ``body`` is the client's JSON object exactly as sent:
     no stage mutates it (the upstream body is a copy built once, ``upstream_body``);
     ``raw`` is the text it was parsed from (empty when built in code), which the recorder
-    stores without serializing the object again."""
+    stores without serializing the object again; ``encoded``: some of ``body``'s fields
+    as ``orjson.dumps`` writes them (a named session's ``messages`` and ``tools``, written
+    for its validation), which the upstream payload embeds instead of writing them again."""
 
     identity: RequestIdentity
     body: dict[str, Any]
     raw: bytes = b""
+    encoded: Mapping[str, bytes] = field(default_factory=dict)
 
     @property
     def stream(self) -> bool:

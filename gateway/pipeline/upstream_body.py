@@ -11,7 +11,11 @@ The client's body is copied, never changed: every parameter it sent reaches vLLM
   it for a client that did not ask for usage (``gateway.upstream.relay_filter``).
 
 The model name is the serving tier's, so the payload is serialised per tier the request
-is sent to (once each: a retry on the same tier reuses the bytes).
+is sent to (once each: a retry on the same tier reuses the bytes). The fields the session
+validator already wrote (``ParsedRequest.encoded``: a named session's messages and tools,
+nearly all of an agent's body) are embedded as those bytes (``orjson.Fragment``), not
+written again: the same bytes, as orjson writes a list or an object the same way wherever
+it stands.
 """
 
 from __future__ import annotations
@@ -32,13 +36,17 @@ class UpstreamRequest:
     stream: bool
     wants: Wants | None  # what the client asked to see of the captured fields; None: not captured
     strip_usage: bool  # the usage chunk is the gateway's, not the client's
+    # fields of ``body`` already written (``ParsedRequest.encoded``), embedded as they are
+    written: dict[str, orjson.Fragment] = field(default_factory=dict, compare=False, repr=False)
     _payloads: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
 
     def payload(self, model: str) -> bytes:
         """The JSON bytes sent to a tier serving ``model``."""
         found = self._payloads.get(model)
         if found is None:
-            found = self._payloads[model] = orjson.dumps({**self.body, "model": model})
+            # an existing key keeps its place: the same order as the body's
+            found = orjson.dumps({**self.body, "model": model, **self.written})
+            self._payloads[model] = found
         return found
 
 
@@ -60,4 +68,11 @@ def build_upstream_request(
             # would put usage in every chunk the client gets: ask for the final one alone
             body["stream_options"]["continuous_usage_stats"] = False
     wants = prepare(parsed.identity.endpoint, body) if capture else None
-    return UpstreamRequest(PATHS[parsed.identity.endpoint], body, stream, wants, strip_usage)
+    written = {
+        key: orjson.Fragment(data)
+        for key, data in parsed.encoded.items()
+        if key in body and body[key] is parsed.body.get(key)  # still the client's value
+    }
+    return UpstreamRequest(
+        PATHS[parsed.identity.endpoint], body, stream, wants, strip_usage, written
+    )

@@ -140,3 +140,37 @@ def test_no_validator_of_a_chat_request_looks_across_its_fields():
     for model in (ChatCompletionRequest, ChatMessage, Tool):
         decorators = model.__pydantic_decorators__
         assert not decorators.model_validators, model
+
+
+def test_the_history_is_written_once_for_the_payload():
+    import orjson
+
+    v = SessionValidator()
+    body = step(2)
+    encoded = v.validate(body, ChatCompletionRequest, SESSION, 1000)
+    assert encoded == {"messages": orjson.dumps(body["messages"]), "tools": orjson.dumps(TOOLS)}
+    assert v.validate(step(2), ChatCompletionRequest, None, 1000) == {}  # unnamed: nothing
+
+
+def test_a_history_written_otherwise_is_validated_whole():
+    """Equal by ``==`` is not enough: keys in another order are another text."""
+    v = SessionValidator()
+    check(v, step(2))
+    reordered = step(3)
+    reordered["messages"][0] = {"content": "You are an agent.", "role": "system"}
+    check(v, reordered)
+    assert v.skipped == 0
+    check(v, step(4))  # the reordered one was remembered; this history differs from it
+    assert v.skipped == 0
+
+
+def test_a_body_too_deep_to_write_is_validated_whole_and_not_remembered():
+    deep: Any = 1
+    for _ in range(300):
+        deep = [deep]
+    v = SessionValidator()
+    check(v, step(1))
+    body = step(2)
+    body["messages"][0]["x_deep"] = deep  # an extra field: valid
+    assert v.validate(body, ChatCompletionRequest, SESSION, 1000) == {}
+    assert len(v) == 0 and v.bytes == 0 and v.skipped == 0

@@ -131,3 +131,31 @@ def test_the_payload_is_serialised_once_per_model():
         orjson.loads(fast)["model"] == "model-fast" and orjson.loads(full)["model"] == "model-full"
     )
     assert "model" in up.body and up.body["model"] == "auto"  # the shared body keeps the client's
+
+
+def test_fields_already_written_are_embedded_as_the_same_bytes():
+    from dataclasses import replace
+
+    body = {"messages": MESSAGES, "model": "auto", "tools": [{"type": "function"}], "n": 1}
+    encoded = {"messages": orjson.dumps(MESSAGES), "tools": orjson.dumps(body["tools"])}
+    for capture in (False, True):
+        for stream in (False, True):
+            sent = {**body, "stream": stream}
+            plain = build_upstream_request(parsed(sent), capture=capture)
+            shared = build_upstream_request(replace(parsed(sent), encoded=encoded), capture=capture)
+            assert set(shared.written) == {"messages", "tools"}
+            for model in ("model-full", "model-fast"):
+                expected = orjson.dumps({**plain.body, "model": model})
+                assert shared.payload(model) == expected  # key order too: messages first
+
+
+def test_condensed_messages_are_written_anew():
+    from dataclasses import replace
+
+    encoded = {"messages": orjson.dumps(MESSAGES)}
+    condensed = [{"role": "user", "content": "short"}]
+    up = build_upstream_request(
+        replace(parsed(), encoded=encoded), capture=False, messages=condensed
+    )
+    assert up.written == {}
+    assert orjson.loads(up.payload("m"))["messages"] == condensed
