@@ -1,6 +1,7 @@
 """Context strategies on long agent sessions, measured in one run.
 
-    python -m bench.context [--quick] [--upstream mock|real|reader] [--data PATH | --seeded]
+    python -m bench.context [--quick] [--upstream mock|real|reader [--reader 0.5b|1.5b]]
+                            [--data PATH | --seeded]
                             [--sessions N] [--budget 0.5[,0.15]] [--strategies none,default]
                             [--plot docs/img/context_policies.png] [--show-answers]
                             [--skip N] [--records RECORDS.jsonl]
@@ -52,8 +53,9 @@ Several budgets (``--budget 0.15,0.5``) run one after the other on the same serv
 facts a strategy kept in what the model saw) and cannot write a summary; ``--upstream
 real`` starts the embedded stack (two vLLM servers) and the models answer (its window is
 4096 tokens: most stored sessions do not fit it whole, and ``none`` gets a 400 there);
-``--upstream reader`` serves Qwen2.5-Coder-0.5B-Instruct (``python -m bench.reader_model``
-provisions it) as both tiers from one vLLM server, window 16384: the sessions fit whole.
+``--upstream reader`` serves Qwen2.5-Coder-0.5B-Instruct (``--reader 1.5b``: the
+1.5B; ``python -m bench.reader_model [--reader 1.5b]`` provisions it) as both tiers from
+one vLLM server, window 16384: the sessions fit whole.
 ``--plot`` draws tokens against accuracy per strategy (bench.context_plot). The last line
 is JSON. A long run that may be cut short: ``--records`` appends each (session, strategy)
 as it ends (its tally and its answers), ``--skip N`` starts at the data's session ``N``
@@ -290,7 +292,14 @@ def run_arms(
     return tallies
 
 
-def gateway_config(tmp: Path, full: str, fast: str, models: tuple[str, str], window: int) -> Path:
+def gateway_config(
+    tmp: Path,
+    full: str,
+    fast: str,
+    models: tuple[str, str],
+    window: int,
+    first_byte_s: float = 600,
+) -> Path:
     keys, overrides = [], {}
     for name, strategy in STRATEGIES.items():
         digest = hashlib.sha256(f"sk-{name}".encode()).hexdigest()
@@ -306,7 +315,7 @@ def gateway_config(tmp: Path, full: str, fast: str, models: tuple[str, str], win
         "store": {"enabled": False},
         "sandbox": {"enabled": False},
         "router": {"escalate": False},
-        "timeouts": {"first_byte_s": 600, "between_chunks_s": 600},
+        "timeouts": {"first_byte_s": first_byte_s, "between_chunks_s": 600},
         "context": {
             "window_tokens": {"full": window, "fast": window},
             "keys": overrides,
@@ -333,8 +342,11 @@ def gateway(tmp: Path, config: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def upstreams(kind: str, tmp: Path) -> Iterator[tuple[str, str, tuple[str, str], int]]:
-    """(full URL, fast URL, their model names, the window) of mock or real tiers."""
+def upstreams(
+    kind: str, tmp: Path, reader: str = "0.5b"
+) -> Iterator[tuple[str, str, tuple[str, str], int]]:
+    """(full URL, fast URL, their model names, the window) of mock or real tiers;
+    ``reader``: which of ``reader_model.READERS`` the ``reader`` kind serves."""
     if kind == "mock":
         port = free_port()
         log = tmp / "upstream.log"
@@ -348,8 +360,9 @@ def upstreams(kind: str, tmp: Path) -> Iterator[tuple[str, str, tuple[str, str],
             stop(proc)
         return
     if kind == "reader":  # one server as both tiers: the window holds a session whole
-        with reader_model.serving(tmp) as url:
-            yield url, url, reader_model.SERVED_NAMES, reader_model.WINDOW
+        model = reader_model.READERS[reader]
+        with reader_model.serving(tmp, reader=model) as url:
+            yield url, url, model.served_names, model.window
         return
     off = {"GEARSHIFT_STORE__ENABLED": "false", "GEARSHIFT_SANDBOX__ENABLED": "false",
            # vLLM's POST /reset_prefix_cache: each arm's prefix-cache hits are its own
@@ -386,7 +399,9 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="4 seeded sessions on the mock: seconds")
     p.add_argument("--upstream", choices=("mock", "real", "reader"), default="mock",
-                   help="reader: Qwen2.5-Coder-0.5B as both tiers (bench.reader_model)")  # fmt: skip
+                   help="reader: Qwen2.5-Coder (--reader) as both tiers (bench.reader_model)")  # fmt: skip
+    p.add_argument("--reader", choices=tuple(reader_model.READERS), default="0.5b",
+                   help="--upstream reader's model: Qwen2.5-Coder-0.5B or -1.5B-Instruct")  # fmt: skip
     p.add_argument("--data", type=Path, default=DATA,
                    help="the stored sessions (bench.context_sessions) replayed by default")  # fmt: skip
     p.add_argument("--seeded", action="store_true",
@@ -456,10 +471,14 @@ def main() -> None:
     names, shares = args.names, args.shares
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        with upstreams(args.upstream, tmp) as (full, fast, models, window):
+        with upstreams(args.upstream, tmp, args.reader) as (full, fast, models, window):
             sessions = sessions_for(args, window)
-            config = gateway_config(tmp, full, fast, models, window)
-            with gateway(tmp, config) as url, httpx.Client(base_url=url, timeout=900) as client:
+            # the reader's whole-history prefill may outlast 600 s (the 1.5B on a shared core)
+            first_byte_s = (reader_model.READERS[args.reader].first_byte_s
+                            if args.upstream == "reader" else 600)  # fmt: skip
+            config = gateway_config(tmp, full, fast, models, window, first_byte_s)
+            timeout = max(900, first_byte_s + 60)  # the client outwaits the gateway
+            with gateway(tmp, config) as url, httpx.Client(base_url=url, timeout=timeout) as client:
                 # the full tier answers (the requests pin it); the fast one writes summaries
                 cache = PrefixCache(client, [full]) if args.upstream != "mock" else None
                 resets = cache.reset() if cache is not None else False
