@@ -77,7 +77,7 @@ class Compose:
         return done
 
     def log(self) -> str:
-        return (self.cwd / "compose.log").read_text()[-6000:]
+        return (self.cwd / "compose.log").read_text()[-12000:]
 
     def store(self) -> Path:
         """The gateway's SQLite store, in its named volume."""
@@ -93,6 +93,32 @@ PROCESSES = (
 )
 
 
+def stacks(compose: Compose, service: str) -> str:
+    """What each process of ``service``'s container runs: its threads' states and CPU
+    affinities, and its Python stack (py-spy, from the host) where py-spy is installed."""
+    found = podman("ps", "-q", "--filter", f"label=com.docker.compose.project={compose.project}",
+                   "--filter", f"label=com.docker.compose.service={service}", check=False)  # fmt: skip
+    spy = shutil.which("py-spy") or shutil.which(Path(sys.executable).parent / "py-spy")
+    out = []
+    for container in found.stdout.split():
+        top = podman("top", container, "hpid", "etime", "args", check=False).stdout
+        out.append(top)
+        for line in top.splitlines()[1:]:
+            pid = line.split()[0]
+            for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+                with contextlib.suppress(OSError, IndexError):
+                    state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                    allowed = [x for x in (task / "status").read_text().splitlines()
+                               if x.startswith("Cpus_allowed_list")]  # fmt: skip
+                    out.append(f"  {pid}/{task.name} {state} {allowed[0].split()[-1]}")
+            if spy is not None:
+                with contextlib.suppress(subprocess.SubprocessError, OSError):
+                    dump = subprocess.run([spy, "dump", "--pid", pid], capture_output=True,
+                                          text=True, timeout=60, check=False)  # fmt: skip
+                    out.append(dump.stdout[-3000:] + dump.stderr[-500:])
+    return "\n".join(out)
+
+
 def wait_healthy(url: str, timeout_s: float, compose: Compose, service: str = "") -> None:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -103,6 +129,8 @@ def wait_healthy(url: str, timeout_s: float, compose: Compose, service: str = ""
             if service:  # where a start that never ends waits (into compose.log)
                 with contextlib.suppress(Exception):
                     compose("exec", "-T", service, "sh", "-c", PROCESSES, timeout=60)
+                with contextlib.suppress(Exception), (compose.cwd / "compose.log").open("a") as f:
+                    f.write(f"$ (stacks of {service})\n{stacks(compose, service)}\n")
             pytest.fail(f"{url} never answered 200:\n{compose.log()}")
         time.sleep(2)
 
