@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -50,6 +51,78 @@ class _Server(uvicorn.Server):
         except SystemExit:
             return False
         return True
+
+
+class _GranianServer:
+    """Experimental, off by default (``GEARSHIFT_HTTP_SERVER=granian``, granian from the
+    ``bench`` extra): the same app under granian's embedded server (``granian.server.embed``,
+    one ASGI worker on this event loop), behind `_Server`'s interface for `_run`. Measured
+    against uvicorn by bench.http_servers (docs/decisions/http-server.md): about the same
+    CPU a request (0.9-1.1x), so uvicorn stays. Granian's embedded mode calls itself experimental. Its HTTP/1 header-read
+    timeout is what closes an idle keep-alive connection, so it is ``client_idle_s`` too."""
+
+    def __init__(self, settings: Settings, app: ASGIApp) -> None:
+        from granian.constants import Interfaces
+        from granian.http import HTTP1Settings
+        from granian.log import LogLevels
+        from granian.server.embed import Server
+
+        self.app = app
+        self.started = False  # the app's lifespan started (granian listens from before it)
+        self._should_exit = self._force_exit = False
+        idle_ms = settings.timeouts.client_idle_s * 1000
+        self._server: Any = Server(  # granian's embed module is untyped
+            self._watch_lifespan, address=settings.host, port=settings.port,
+            interface=Interfaces.ASGI, log_level=LogLevels.warning, websockets=False,
+            http1_settings=HTTP1Settings(header_read_timeout=idle_ms),
+        )  # fmt: skip
+        self._server.workers_kill_timeout = 10  # the drain; not a parameter of embed.Server
+
+    async def _watch_lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def watched(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                self.started = True
+            await send(message)
+
+        await self.app(scope, receive, watched)
+
+    @property
+    def should_exit(self) -> bool:
+        return self._should_exit
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        if value and not self._should_exit:
+            self._server.stop()
+        self._should_exit = value
+
+    @property
+    def force_exit(self) -> bool:
+        return self._force_exit
+
+    @force_exit.setter
+    def force_exit(self, value: bool) -> None:
+        if value:
+            for worker in self._server.wrks:
+                worker.kill()
+        self._force_exit = value
+
+    async def serve_until_stopped(self) -> bool:
+        """Granian's `serve`; False when it could not start (bind error, lifespan failure:
+        granian then returns as if stopped, so `started` tells)."""
+        try:
+            await self._server.serve()
+        except TimeoutError:  # the drain ran out: embed's join does not kill on its own
+            for worker in self._server.wrks:
+                worker.kill()
+        except Exception as exc:  # granian raises OSError, FatalError, ...
+            log.error("granian could not serve: %s: %s", type(exc).__name__, exc)
+            return False
+        return self.started
 
 
 class _StartupGate:
@@ -159,7 +232,10 @@ async def _family_problem(tiers: Mapping[Tier, TierSettings]) -> str | None:
 
 
 async def _startup_problem(
-    settings: Settings, supervisor: Supervisor | None, server: _Server, gate: _StartupGate
+    settings: Settings,
+    supervisor: Supervisor | None,
+    server: _Server | _GranianServer,
+    gate: _StartupGate,
 ) -> str | None:
     if supervisor is not None and (problem := await _await_servers(supervisor)):
         return problem
@@ -182,7 +258,7 @@ async def _startup_problem(
 async def _start_up(
     settings: Settings,
     supervisor: Supervisor | None,
-    server: _Server,
+    server: _Server | _GranianServer,
     gate: _StartupGate,
     serving: asyncio.Task[bool],
 ) -> str | None:
@@ -271,7 +347,11 @@ async def _run(settings: Settings) -> int:
             settings.port,
         )
     gate = _StartupGate(create_app(settings))
-    server = _Server(uvicorn_config(settings, gate))
+    server: _Server | _GranianServer
+    if os.environ.get("GEARSHIFT_HTTP_SERVER", "uvicorn") == "granian":  # experimental
+        server = _GranianServer(settings, gate)
+    else:
+        server = _Server(uvicorn_config(settings, gate))
 
     def on_signal() -> None:  # first signal: drain and stop; second: stop now
         server.force_exit = server.should_exit
