@@ -18,7 +18,8 @@ or an identifier's line) among log lines, and one question about an early fact.
 The last ``--replay`` steps of every session are sent through one gateway (each a chat
 request with the whole history so far, one named session per strategy, as an agent
 sends them), then each question after the whole history, a request apiece, which every
-condensing strategy has condensed: ``QUESTION: what number goes with port_<k>?``.
+condensing strategy has condensed: ``QUESTION: earlier in this conversation, a tool's
+output printed a line with port_<k> and its number. Without calling any tool, ...``.
 
 Strategies (one API key each, ``context.keys`` in the gateway's config):
 

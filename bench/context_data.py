@@ -20,6 +20,14 @@ import orjson
 KINDS = ("number", "code", "file")
 DATA = Path(__file__).resolve().parent / "data" / "context_sessions.jsonl.gz"
 SYSTEM = "You are a coding agent. Use the tools. Answer questions with the value only."
+# what each kind of question asks for, as the question names it (bench.context_upstream's
+# oracle reads the kind back from it)
+NOUNS = {"number": "number", "code": "error code", "file": "file path"}
+FORMS = {
+    "number": " (five digits)",
+    "code": " (the letter E and four digits)",
+    "file": " (a folder, a slash and a file name)",
+}
 
 
 class BadSessions(ValueError):
@@ -34,7 +42,12 @@ class Question:
     end: bool = False  # the end task's check, not a fact from an early step
 
     def text(self) -> str:
-        return f"QUESTION: what {self.kind} goes with {self.key}? Reply with the {self.kind} only."
+        """The question as a recall task: where the fact is and what form it has, and no
+        tool to call (#24: a reader answered ``what file goes with X?`` with a tool call)."""
+        noun = NOUNS[self.kind]
+        return (f"QUESTION: earlier in this conversation, a tool's output printed a line with "
+                f"{self.key} and its {noun}. Without calling any tool, reply with that {noun} "
+                f"only{FORMS[self.kind]}, copied exactly from that line.")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
 """What ``bench.context`` measures besides time and tokens: the answer's score, a
 bootstrap interval over sessions, and vLLM's prefix-cache counters.
 
-* ``score`` reads a model's answer the way a checker of ``QUESTION: what number goes with
-  <key>?`` would (``code`` and ``file`` too): ``exact`` when the whole answer, stripped of
-  spaces, quotes and a final full stop, is the value; ``normalised`` when the first number
-  (thousands separators removed), error code (``E4821``) or path (``dist/x-3fa9c1.tar``) in
-  it is the value. A model that lists several is not credited for a later one.
+* ``score`` reads a model's answer the way a checker of a question for the number printed
+  with ``<key>`` would (an error code and a file path too): ``exact`` when the whole answer,
+  stripped of spaces, quotes and a final full stop, is the value; ``normalised`` when the
+  first number (thousands separators removed), error code (``E4821``) or path
+  (``dist/x-3fa9c1.tar``) in it is the value. A model that lists several is not credited
+  for a later one.
 * ``bootstrap_ci`` resamples sessions (one score per session) with a seeded generator.
 * ``Tally`` sums one strategy's run: times, tokens, the questions' scores per session (and
   per family of session), summaries, prefix reuse; ``Tally.row`` is its line of the table.

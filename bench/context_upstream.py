@@ -1,11 +1,13 @@
 """The stand-in model of ``bench.context --upstream mock``: bench.mock_upstream, plus
 answers that make a condensation's quality checkable without a model.
 
-* a question ``QUESTION: what number goes with <key>?`` is answered by an oracle reader:
-  the first five-digit number after ``<key>`` on a line of the prompt (``port_3 = 41234``,
-  ``ERROR job_3 failed: exit status 41234``), else ``unknown``; ``what code`` and ``what
-  file`` the same with an error code (``E4821``) or a path (``dist/bundle_2-3fa9c1.tar``);
-  its accuracy is the share of facts a strategy kept in what the model saw;
+* a question (``bench.context_data.Question.text``: ``QUESTION: earlier in this
+  conversation, a tool's output printed a line with <key> and its number. ...``, or its
+  error code or file path: ``NOUNS``) is answered by an oracle reader: the first five-digit
+  number after ``<key>`` on a line of the prompt (``port_3 = 41234``, ``ERROR job_3 failed:
+  exit status 41234``), else ``unknown``; an error code (``E4821``) or a path
+  (``dist/bundle_2-3fa9c1.tar``) the same; its accuracy is the share of facts a strategy
+  kept in what the model saw;
 * a summary request (the gateway's summarizer instructions) gets ``(mock summary)`` and
   filler lines up to about 80% of its ``max_tokens`` (a small model's summary fills what it
   is given): a stand-in cannot summarize, so model-written summaries are measured on the
@@ -26,9 +28,14 @@ import re
 
 import orjson
 
+from bench.context_data import NOUNS
 from bench.mock_upstream import IDS_RE, STREAM_RE, MockProtocol, chat_answer
 
-QUESTION_RE = re.compile(rb"QUESTION: what (number|code|file) goes with (\w+)\?")
+KIND_OF = {noun.encode(): kind.encode() for kind, noun in NOUNS.items()}
+QUESTION_RE = re.compile(
+    rb"QUESTION: earlier in this conversation, a tool's output printed a line with (\w+) and "
+    rb"its (" + b"|".join(re.escape(n) for n in KIND_OF) + rb")\."
+)
 VALUES = {  # a value of each kind, as the stored sessions print it (bench.context_families)
     b"number": rb"\b(\d{5})\b",
     b"code": rb"\b(E\d{4})\b",
@@ -42,7 +49,7 @@ def answer(body: bytes) -> bytes:
         wanted = orjson.loads(body).get("max_tokens") or 64
         text = "(mock summary)" + "\n- a step was taken" * int(wanted * 0.8 / 6)
     elif (m := QUESTION_RE.search(body)) is not None:
-        kind, key = m.group(1), m.group(2)
+        key, kind = m.group(1), KIND_OF[m.group(2)]
         fact = re.search(re.escape(key) + rb"\b[^\n\\\"]*?" + VALUES[kind], body)
         text = fact.group(1).decode() if fact else "unknown"
     else:

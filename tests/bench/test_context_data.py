@@ -5,16 +5,17 @@ every question's answer is in the tool output it names; the question's text, its
 from __future__ import annotations
 
 import gzip
+import re
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from bench.context_data import BadSessions, Question, load, manifest_path
+from bench.context_data import KINDS, BadSessions, Question, load, manifest_path
 from bench.context_measure import Score, score
 from bench.context_sessions import VERSION, store
-from bench.context_upstream import answer
+from bench.context_upstream import KIND_OF, QUESTION_RE, VALUES, answer
 
 
 def record(value: str = "E4821", kind: str = "code", step: int = 0) -> dict[str, Any]:
@@ -51,7 +52,24 @@ def test_load_reads_a_stored_session_with_its_questions(tmp_path: Path) -> None:
     assert (s.id, s.family, len(s.messages)) == ("service-000", "service", 4)
     assert s.questions == [Question("job_7", "code", "E4821", end=False)]
     text = s.questions[0].text()
-    assert text == "QUESTION: what code goes with job_7? Reply with the code only."
+    assert text == (
+        "QUESTION: earlier in this conversation, a tool's output printed a line with job_7 "
+        "and its error code. Without calling any tool, reply with that error code only (the "
+        "letter E and four digits), copied exactly from that line."
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_question_is_read_back_by_the_mock_and_holds_no_value_of_its_own(kind: str) -> None:
+    """The mock's oracle reads the kind and the key back from the wording (#24's recall
+    question), and the wording has no value of any kind in it: a fact the history lost
+    is answered ``unknown``, never a number or a code read off the question."""
+    text = Question("job_7", kind, "").text()
+    m = QUESTION_RE.search(orjson.dumps({"content": text}))
+    assert m is not None and (KIND_OF[m.group(2)], m.group(1)) == (kind.encode(), b"job_7")
+    assert not any(re.search(v, text.encode()) for v in VALUES.values())
+    body = {"model": "m", "messages": [{"role": "user", "content": f"job_7 {text}"}]}
+    assert orjson.loads(answer(orjson.dumps(body)))["choices"][0]["message"]["content"] == "unknown"
 
 
 @pytest.mark.parametrize(
