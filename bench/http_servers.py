@@ -23,54 +23,29 @@ uvicorn's in the same round (gateway process, non-stream c=16; ``_tree``: the tr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import orjson
 
+from bench import gateway_overhead as overhead
 from bench.agent_body import session_bodies
-from bench.procs import pinned, process_cpu_seconds, start, stop, tree_cpu_seconds, wait_http
-from bench.proxies import (
-    CLIENT_CORE,
-    Target,
-    drain,
-    free_port,
-    recorder_done,
-    sandbox_state,
-    start_gearshift,
-)
+from bench.procs import pinned, process_cpu_seconds, start, stop, wait_http
+from bench.proxies import CLIENT_CORE, Target, free_port, sandbox_state, start_gearshift
 
 SERVERS = ("uvicorn", "granian")
 CELLS = (("plain", 1), ("plain", 16), ("stream", 16))
 VOLATILE = re.compile(rb'"(id|created)":("[^"]*"|\d+)')
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str | None) -> Iterator[None]:
-    old = os.environ.get(name)
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
 
 
 def cell_size(concurrency: int, quick: bool) -> tuple[int, float]:
@@ -102,22 +77,16 @@ def answer_digest(target: Target, sessions: int, stream: bool) -> tuple[str, lis
 
 
 def loadgen(target: Target, mode: str, concurrency: int, quick: bool) -> dict[str, Any]:
-    """One cell: bench.loadgen's figures, plus the gateway's CPU (process and tree)."""
-    requests, max_s = cell_size(concurrency, quick)
-    argv = [sys.executable, "-m", "bench.loadgen", target.url, "--model", target.model,
-            "--mode", mode, "--concurrency", str(concurrency), "--requests", str(requests),
-            "--max-seconds", str(max_s), "--key", target.key, "--sessions"]  # fmt: skip
+    """One cell of agent sessions (bench.gateway_overhead's, whose CPU is the process
+    tree's: ``tree_cpu_ms``), plus the CPU of the gateway process alone: ``cpu_ms``."""
     proc = target.proc
-    recorded = recorder_done(target.metrics) if target.metrics else 0.0
-    own0, tree0 = (process_cpu_seconds(proc.pid), tree_cpu_seconds(proc.pid)) if proc else (0, 0)
-    out = subprocess.run(pinned(argv, CLIENT_CORE), capture_output=True, text=True, check=True)
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    if target.metrics:
-        result["drain_s"] = drain(target, recorded + result["completed"])
-    own1, tree1 = (process_cpu_seconds(proc.pid), tree_cpu_seconds(proc.pid)) if proc else (0, 0)
+    own0 = process_cpu_seconds(proc.pid) if proc else 0.0
+    result = overhead.loadgen(target, mode, concurrency, *cell_size(concurrency, quick),
+                              ("--sessions",))  # fmt: skip
+    own1 = process_cpu_seconds(proc.pid) if proc else 0.0
     done = max(1.0, result["completed"])
     result["cpu_ms"] = (own1 - own0) * 1000 / done if proc else float("nan")
-    result["tree_cpu_ms"] = (tree1 - tree0) * 1000 / done if proc else float("nan")
+    result["tree_cpu_ms"] = result["cpu_ms_per_req"]
     return result
 
 
@@ -199,7 +168,8 @@ def run(tmp: Path, rounds: int, quick: bool) -> dict[str, Any]:
         mock_url = f"http://127.0.0.1:{mock_port}"
         for name in SERVERS:  # each its own sandbox root: a root serves one sandbox at a time
             root = str(tmp / name / "sandbox-root")
-            with _env("GEARSHIFT_HTTP_SERVER", name), _env("GEARSHIFT_SANDBOX__ROOT", root):
+            env = {"GEARSHIFT_HTTP_SERVER": name, "GEARSHIFT_SANDBOX__ROOT": root}
+            with patch.dict(os.environ, env):
                 gateways[name] = start_gearshift(tmp / name, mock_url, name, operator=True)
         upstream = Target("upstream", mock_url + "/v1/chat/completions", "mock", None)
         answers: dict[str, Any] = {}
