@@ -4,7 +4,7 @@
                             [--data PATH | --seeded]
                             [--sessions N] [--budget 0.5[,0.15]] [--strategies none,default]
                             [--plot docs/img/context_policies.png] [--show-answers]
-                            [--skip N] [--records RECORDS.jsonl]
+                            [--skip N] [--records RECORDS.jsonl] [--window N]
 
 The sessions replayed by default are stored: ``bench/data/context_sessions.jsonl.gz``
 (``--data``), 200 tool loops of 22-30 calls whose outputs come from the sandbox's real
@@ -23,7 +23,8 @@ output printed a line with port_<k> and its number. Without calling any tool, ..
 
 Strategies (one API key each, ``context.keys`` in the gateway's config):
 
-    none              no context management: the whole history (it fits the window)
+    none              no context management: the whole history (a 400 where it does
+                      not fit the window)
     drop-oldest       drop the oldest turns (rungs: drop)
     mask              mask old tool outputs, then drop (rungs: mask, drop)
     summarize-fast    summarize on the fast tier, then drop (rungs: summarize, drop)
@@ -56,7 +57,16 @@ real`` starts the embedded stack (two vLLM servers) and the models answer (its w
 4096 tokens: most stored sessions do not fit it whole, and ``none`` gets a 400 there);
 ``--upstream reader`` serves Qwen2.5-Coder-0.5B-Instruct (``--reader 1.5b``: the
 1.5B; ``python -m bench.reader_model [--reader 1.5b]`` provisions it) as both tiers from
-one vLLM server, window 16384: the sessions fit whole.
+one vLLM server, window 16384: the sessions fit whole. ``--window N`` sets the tiers'
+context window instead (mock: its ``max_model_len`` and the length above which it answers
+vLLM's context-length 400; reader: vLLM's ``--max-model-len``; both: the gateway's
+``window_tokens``), and the budget stays a share of it. A session *fits* when ``none``
+got no context-length 400 on any of its requests; where some do not, each budget's table
+is followed by the sessions that fit and those that do not, and the headline
+(``prompt_tokens_saved``, ``accuracy_vs_none`` with its paired bootstrap 95% interval
+``accuracy_vs_none_ci95``: sessions resampled, both arms together) is on the sessions that
+fit, as issue #24 defines it; ``accuracy_not_fitting`` gives each strategy's accuracy on
+the others (``none``'s: its 400s, 0).
 ``--plot`` draws tokens against accuracy per strategy (bench.context_plot). The last line
 is JSON. A long run that may be cut short: ``--records`` appends each (session, strategy)
 as it ends (its tally and its answers), ``--skip N`` starts at the data's session ``N``
@@ -71,12 +81,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import random
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +99,7 @@ from bench import reader_model
 from bench.context_data import DATA, SYSTEM, Question, load
 from bench.context_measure import PrefixCache, Score, Tally, extends, score
 from bench.context_plot import plot
+from bench.mock_upstream import MAX_MODEL_LEN
 from bench.procs import start, stop, wait_http
 from bench.stack import free_port, serve
 
@@ -110,6 +122,8 @@ STRATEGIES: dict[str, dict[str, Any] | None] = {
     "default": {"rungs": LADDER, "summarizer": "fast"},
 }  # fmt: skip
 REAL_MODELS = ("smollm2-135m", "smollm2-135m-fast")  # the embedded stack's served names
+MOCK_WINDOW = MAX_MODEL_LEN  # bench.context_upstream's default window (8192)
+CONTEXT_LENGTH = "maximum context length"  # in vLLM's 400 for a prompt over the window
 
 
 @dataclass
@@ -200,6 +214,7 @@ def run_session(
         took = (time.perf_counter() - t0) * 1000
         if resp.status_code != 200:
             tally.errors += 1
+            tally.context_errors += context_length_error(resp)
             if q is not None:
                 (end if q.end else early).append(Score(exact=False, normalised=False))
                 if answers is not None:
@@ -226,6 +241,11 @@ def run_session(
             if answers is not None:
                 answers.append(answer_record(q, text, got))
     tally.answered(s.family, early, end)
+
+
+def context_length_error(resp: httpx.Response) -> bool:
+    """A 400 for a prompt longer than the tier's window (vLLM's message, passed through)."""
+    return resp.status_code == 400 and CONTEXT_LENGTH in resp.text
 
 
 def answer_record(q: Question, text: str | None, got: Score) -> dict[str, Any]:
@@ -258,7 +278,7 @@ class Arm:
 
 def run_arms(
     client: httpx.Client, names: list[str], sessions: list[Session], arm: Arm
-) -> dict[str, Tally]:
+) -> dict[str, list[Tally]]:
     """Every session through every strategy, the strategies alternating: session ``i``
     starts with the ``i``-th strategy, so no arm always runs first on a warm machine. On
     the real stack the prefix cache is emptied before each (session, strategy) so that an
@@ -266,8 +286,9 @@ def run_arms(
     session starts after ``arm.deadline``: every arm has run the same sessions. Session
     ``i`` of ``sessions`` is the data's ``arm.first + i`` (its index names it: the order
     of arms, the session header, the record); with ``arm.records`` each (session,
-    strategy) is appended there as it ends (bench.context_combine reads them)."""
-    tallies = {n: Tally() for n in names}
+    strategy) is appended there as it ends (bench.context_combine reads them). Returns
+    each strategy's tallies, one per session run, in session order."""
+    tallies: dict[str, list[Tally]] = {n: [] for n in names}
     for i, s in enumerate(sessions, start=arm.first):
         if time.monotonic() > arm.deadline:
             break
@@ -283,7 +304,7 @@ def run_arms(
                 h, q = arm.cache.counters()
                 one.cache_hits += h - hits
                 one.cache_queries += q - queries
-            tallies[name].merge(one)
+            tallies[name].append(one)
             if arm.records is not None:
                 record = {"budget": arm.budget, "session": i, "family": s.family,
                           "strategy": name, "seconds": round(time.perf_counter() - t0, 1),
@@ -344,27 +365,36 @@ def gateway(tmp: Path, config: Path) -> Iterator[str]:
 
 @contextlib.contextmanager
 def upstreams(
-    kind: str, tmp: Path, reader: str = "0.5b"
+    kind: str, tmp: Path, reader: str = "0.5b", window: int | None = None
 ) -> Iterator[tuple[str, str, tuple[str, str], int]]:
     """(full URL, fast URL, their model names, the window) of mock or real tiers;
-    ``reader``: which of ``reader_model.READERS`` the ``reader`` kind serves."""
+    ``reader``: which of ``reader_model.READERS`` the ``reader`` kind serves; ``window``:
+    the mock's or the reader's context window (None: the mock's 8192, the reader's own)."""
     if kind == "mock":
         port = free_port()
         log = tmp / "upstream.log"
-        proc = start([sys.executable, "-m", "bench.context_upstream", "--port", str(port)], log,
-                     cwd=ROOT)  # fmt: skip
+        window = window or MOCK_WINDOW
+        argv = [sys.executable, "-m", "bench.context_upstream", "--port", str(port),
+                "--window", str(window)]  # fmt: skip
+        proc = start(argv, log, cwd=ROOT)
         try:
             url = f"http://127.0.0.1:{port}"
             wait_http(url + "/health", proc, log, timeout_s=60)
-            yield url, url, ("mock-full", "mock-fast"), 8192
+            yield url, url, ("mock-full", "mock-fast"), window
         finally:
             stop(proc)
         return
     if kind == "reader":  # one server as both tiers: the window holds a session whole
         model = reader_model.READERS[reader]
+        # another window: the same folder served with another --max-model-len (an absent
+        # folder: serving's own message, which names the reader by its READERS entry)
+        if window is not None and (model.folder() / "config.json").exists():
+            model = dataclasses.replace(model, window=window)
         with reader_model.serving(tmp, reader=model) as url:
             yield url, url, model.served_names, model.window
         return
+    if window is not None:
+        raise ValueError("--window: the mock's or the reader's, not the embedded stack's")
     off = {"GEARSHIFT_STORE__ENABLED": "false", "GEARSHIFT_SANDBOX__ENABLED": "false",
            # vLLM's POST /reset_prefix_cache: each arm's prefix-cache hits are its own
            "VLLM_SERVER_DEV_MODE": "1"}  # fmt: skip
@@ -426,6 +456,8 @@ def parse_args() -> argparse.Namespace:
                    help="start at the data's session N (batch k of N: --skip kN --sessions N)")  # fmt: skip
     p.add_argument("--records", type=Path, default=None,
                    help="append one JSON line per (session, strategy) as it ends")  # fmt: skip
+    p.add_argument("--window", type=int, default=None,
+                   help="the tiers' context window in tokens (mock: 8192; reader: its own)")  # fmt: skip
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--show-answers", action="store_true", help="each answer to stderr")
     p.add_argument("--plot", type=Path, default=None,
@@ -435,6 +467,10 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     if args.skip < 0:
         p.error(f"--skip: a session index, 0 or more (got {args.skip})")
+    if args.window is not None and args.window < 256:
+        p.error(f"--window: tokens, 256 or more (got {args.window})")
+    if args.window is not None and args.upstream == "real":
+        p.error("--window: the mock's or the reader's (the embedded stack's is 4096)")
     if args.quick:
         args.sessions, args.upstream, args.seeded = 4, "mock", True
     if not args.seeded and not args.data.exists():
@@ -472,7 +508,8 @@ def main() -> None:
     names, shares = args.names, args.shares
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        with upstreams(args.upstream, tmp, args.reader) as (full, fast, models, window):
+        tiers = upstreams(args.upstream, tmp, args.reader, args.window)
+        with tiers as (full, fast, models, window):
             sessions = sessions_for(args, window)
             # the reader's whole-history prefill may outlast 600 s (the 1.5B on a shared core)
             first_byte_s = (reader_model.READERS[args.reader].first_byte_s
@@ -488,14 +525,16 @@ def main() -> None:
                     deadline = time.monotonic() + args.time_limit_s / len(shares)
                     arm = Arm(int(window * share), models[0], cache, args.show_answers, deadline,
                               args.skip, args.records)  # fmt: skip
-                    tallies = run_arms(client, names, sessions, arm)
-                    rows = {n: t.row(tallies["none"]) for n, t in tallies.items()}
+                    per = run_arms(client, names, sessions, arm)
+                    # a session fits when none got no context-length 400 on any request
+                    fit = [t.context_errors == 0 for t in per["none"]]
+                    entry = {"budget": arm.budget, **figures(per, fit, names)}
                     print(f"budget {arm.budget} tokens ({share} of the window)")
-                    print_table(rows)  # each budget's as it ends: a long real run is readable
+                    print_table(entry["strategies"])  # each budget's as it ends
+                    print_split(entry)
                     sys.stdout.flush()
-                    by_budget[str(share)] = {"budget": arm.budget, **headline(rows, names),
-                                             "strategies": rows}  # fmt: skip
-                    ran.append(tallies["none"].sessions)
+                    by_budget[str(share)] = entry
+                    ran.append(len(fit))
     first = by_budget[str(shares[0])]
     if args.plot is not None:
         plot(first["strategies"], args.plot, f"{ran[0]} sessions, budget {first['budget']} tokens")
@@ -524,7 +563,70 @@ def headline(rows: dict[str, dict[str, Any]], names: list[str]) -> dict[str, Any
         "prefix_cache_hit_rate": default["prefix_cache_hit_rate"],
         "summaries_per_session": default["summaries_per_session"],
         "extends_previous": default["extends_previous"],
+        "accuracy_vs_none_ci95": default.get("accuracy_vs_none_ci95"),
     }
+
+
+HEADLINE_ON = "sessions that fit the window uncompressed (none: no context-length 400; #24)"
+
+
+def merged(tallies: Iterable[Tally]) -> Tally:
+    whole = Tally()
+    for t in tallies:
+        whole.merge(t)
+    return whole
+
+
+def figures(per: dict[str, list[Tally]], fit: list[bool], names: list[str]) -> dict[str, Any]:
+    """One budget's figures from each strategy's tallies, one per session in session
+    order, and whether each session fits (``fit``): ``strategies``, the rows over every
+    session (as before the split); ``fitting`` and ``not_fitting``, the rows over the
+    sessions that fit and over the others (None where there are none); ``headline``'s keys
+    and ``accuracy_vs_none_ci95`` on the sessions that fit, issue #24's definition (where
+    none fits: its ratios None); ``accuracy_not_fitting``, each strategy's accuracy on the
+    others. Where every session fits, ``fitting`` is ``strategies`` and the headline is the
+    one before the split."""
+
+    def rows_of(keep: list[bool]) -> dict[str, dict[str, Any]]:
+        tallies = {n: merged(t for t, k in zip(per[n], keep, strict=True) if k) for n in per}
+        return {n: t.row(tallies["none"]) for n, t in tallies.items()}
+
+    rows = rows_of([True] * len(fit))
+    fitting = rows if all(fit) else rows_of(fit) if any(fit) else None
+    not_fitting = None if all(fit) else rows_of([not f for f in fit])
+    if fitting is not None:
+        head = headline(fitting, names)
+    else:  # no session to compare on: none answered nothing
+        head = {**headline(rows, names), "prompt_tokens_saved": None, "accuracy_vs_none": None,
+                "accuracy_vs_none_ci95": None}  # fmt: skip
+    return {
+        **head,
+        "headline_on": HEADLINE_ON,
+        "sessions_fitting": sum(fit),
+        "sessions_not_fitting": len(fit) - sum(fit),
+        "accuracy_not_fitting": (
+            {n: r["accuracy"] for n, r in not_fitting.items()} if not_fitting else None
+        ),
+        "strategies": rows,
+        "fitting": fitting,
+        "not_fitting": not_fitting,
+    }
+
+
+def print_split(entry: dict[str, Any]) -> None:
+    """The tables of the sessions that fit and of the others (where some do not fit), and
+    the headline's line."""
+    fits, others = entry["sessions_fitting"], entry["sessions_not_fitting"]
+    if others and fits:
+        print(f"sessions that fit the window uncompressed: {fits}")
+        print_table(entry["fitting"])
+        print(f"sessions that do not fit (none: a context-length 400): {others}")
+        print_table(entry["not_fitting"])
+    elif others:  # the table above is theirs
+        print(f"sessions that do not fit (none: a context-length 400): all {others}")
+    print(f"headline on the {fits} {HEADLINE_ON}: prompt_tokens_saved "
+          f"{entry['prompt_tokens_saved']}, accuracy_vs_none {entry['accuracy_vs_none']} "
+          f"ci95 {entry['accuracy_vs_none_ci95']}")  # fmt: skip
 
 
 if __name__ == "__main__":

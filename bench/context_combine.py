@@ -12,6 +12,11 @@ its bootstrap 95% interval over sessions, prompt tokens against ``none``), and e
 gains ``seconds_per_session`` (one session's arm, its summaries included) and
 ``given_none_right``: of the early questions ``none`` answered right, the share this
 strategy answered right too (what condensing cost where the reader could read at all).
+As in ``bench.context``, a session fits when ``none``'s record counts no context-length
+400 (its tally's ``context_errors``; a record written before that count existed: no
+error at all), the headline (``accuracy_vs_none`` and its paired bootstrap interval
+``accuracy_vs_none_ci95``, ``prompt_tokens_saved``) is on the sessions that fit, and
+``fitting``, ``not_fitting``, ``accuracy_not_fitting`` and the session counts are added.
 The last line is JSON.
 """
 
@@ -25,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from bench.context import headline, print_table
+from bench.context import figures, merged, print_split, print_table
 from bench.context_measure import Tally, ratio
 
 Key = tuple[int, str]  # (session index, strategy)
@@ -55,20 +60,24 @@ def combine(records: list[dict[str, Any]]) -> dict[str, Any]:
     for budget, found in sorted(by_budget.items()):
         names = sorted({name for _, name in found}, key=lambda n: (n != "none", n))
         sessions = sorted({i for i, _ in found if all((i, n) in found for n in names)})
-        tallies = {n: Tally() for n in names}
-        for i in sessions:
-            for n in names:
-                tallies[n].merge(Tally.from_record(found[(i, n)]["tally"]))
-        base = tallies.get("none")
-        rows = {}
-        for n in names:
-            row = tallies[n].row(base)
+        per = {n: [Tally.from_record(found[(i, n)]["tally"]) for i in sessions] for n in names}
+        if "none" in per:
+            fit = [fits(found[(i, "none")]["tally"]) for i in sessions]
+            entry = figures(per, fit, names)
+        else:  # no base: every strategy's rows, nothing against none
+            entry = {"strategies": {n: merged(per[n]).row(None) for n in names}}
+        for n, row in entry["strategies"].items():
             row["seconds_per_session"] = _mean_or_none([found[(i, n)]["seconds"] for i in sessions])
             row["given_none_right"] = given_none_right(found, sessions, n)
-            rows[n] = row
         out[str(budget)] = {"budget": budget, "sessions": len(sessions),
-                            "session_indices": sessions, "strategies": rows}  # fmt: skip
+                            "session_indices": sessions, **entry}  # fmt: skip
     return out
+
+
+def fits(none: dict[str, Any]) -> bool:
+    """Whether a session fits the window, from ``none``'s recorded tally: no context-length
+    400 (``context_errors``); a record from before that count: no error at all."""
+    return int(none["context_errors"] if "context_errors" in none else none["errors"]) == 0
 
 
 def given_none_right(found: dict[Key, dict[str, Any]], sessions: list[int], name: str) -> Any:
@@ -109,7 +118,7 @@ def main() -> None:
             print(f"{n:<16}s/session {r['seconds_per_session']}  given none right "
                   f"{r['given_none_right']}")  # fmt: skip
         if "none" in rows:
-            entry.update(headline(rows, list(rows)))
+            print_split(entry)
     first = next(iter(combined.values()))
     print(orjson.dumps({**first, "by_budget": combined if len(combined) > 1 else None}).decode())
 

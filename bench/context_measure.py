@@ -7,7 +7,9 @@ bootstrap interval over sessions, and vLLM's prefix-cache counters.
   first number (thousands separators removed), error code (``E4821``) or path
   (``dist/x-3fa9c1.tar``) in it is the value. A model that lists several is not credited
   for a later one.
-* ``bootstrap_ci`` resamples sessions (one score per session) with a seeded generator.
+* ``bootstrap_ci`` resamples sessions (one score per session) with a seeded generator;
+  ``paired_ratio_ci`` resamples them for two arms together (a strategy's accuracy over
+  ``none``'s, each draw the same sessions for both).
 * ``Tally`` sums one strategy's run: times, tokens, the questions' scores per session (and
   per family of session), summaries, prefix reuse; ``Tally.row`` is its line of the table.
 * ``extends`` compares a step's prompt token ids with the previous step's of the same
@@ -65,6 +67,29 @@ def bootstrap_ci(
     rng, n = random.Random(seed), len(outcomes)
     means = sorted(sum(rng.choices(outcomes, k=n)) / n for _ in range(rounds))
     return (round(means[int(0.025 * rounds)], 3), round(means[int(0.975 * rounds) - 1], 3))
+
+
+def paired_ratio_ci(
+    mine: Sequence[float], base: Sequence[float], *, rounds: int = 2000, seed: int = 0
+) -> tuple[float, float] | None:
+    """The 95% percentile interval of ``sum(mine) / sum(base)`` over sessions resampled
+    with replacement, both arms' scores of a session drawn together (``mine[i]`` and
+    ``base[i]``: session ``i``). None where it is undefined: no session, the two arms
+    scored on different sessions, or ``base`` right on nothing; a draw whose ``base`` is
+    right on nothing has no ratio and is left out."""
+    n = len(base)
+    if n == 0 or len(mine) != n or not any(base):
+        return None
+    rng, sessions = random.Random(seed), range(n)
+    ratios = []
+    for _ in range(rounds):
+        drawn = rng.choices(sessions, k=n)
+        below = sum(base[i] for i in drawn)
+        if below:
+            ratios.append(sum(mine[i] for i in drawn) / below)
+    ratios.sort()
+    k = len(ratios)
+    return (round(ratios[int(0.025 * k)], 3), round(ratios[max(0, int(0.975 * k) - 1)], 3))
 
 
 GENERATION_TAIL = 8  # the chat template's generation prompt (``<|im_start|>assistant\n``)
@@ -128,6 +153,8 @@ class Tally:
     questions: int = 0  # early questions asked
     exact: int = 0  # of them, answered with the value alone
     errors: int = 0
+    # of them, a context-length 400 (the tier's window; vLLM's "maximum context length")
+    context_errors: int = 0
     summaries: int = 0  # fresh summaries written
     fallbacks: int = 0  # a model summary asked, the extractive one given
     cache_hits: float = 0.0  # prefix-cache tokens (vLLM's counters; the real stack only)
@@ -196,6 +223,8 @@ class Tally:
                 out["prompt_tokens_per_step"], b["prompt_tokens_per_step"]
             )
             out["accuracy_vs_none"] = ratio(out["accuracy"], b["accuracy"])
+            # paired over sessions: every arm's outcomes are per session, in session order
+            out["accuracy_vs_none_ci95"] = paired_ratio_ci(self.outcomes, base.outcomes)
             if out["end_task"] is not None:
                 out["end_task_vs_none"] = ratio(out["end_task"], b["end_task"] or 0.0)
         return out

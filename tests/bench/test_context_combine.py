@@ -76,6 +76,27 @@ def test_combine_counts_sessions_every_strategy_finished_and_the_later_record() 
         "questions": 6, "none_right": 3, "also_right": 2, "share": 0.667}  # fmt: skip
 
 
+def test_records_from_before_the_fit_split_combine_and_none_s_errors_say_what_fits() -> None:
+    """Lines written before ``context_errors`` existed (a run under way keeps writing
+    them): they combine as before, and a session where ``none`` had an error counts as
+    not fitting; a newer line's ``context_errors`` decides on its own."""
+    old = [record(0, "none", [True, True], 100), record(0, "default", [True, False], 40),
+           record(1, "none", [False, False], 100), record(1, "default", [True, True], 40)]  # fmt: skip
+    for r in old:
+        del r["tally"]["context_errors"]  # type: ignore[attr-defined]
+    old[2]["tally"]["errors"] = 3  # type: ignore[index]
+    entry = combine(old)["4096"]
+    assert entry["sessions"] == 2 and entry["strategies"]["none"]["accuracy"] == 0.5
+    assert entry["sessions_fitting"] == 1 and entry["sessions_not_fitting"] == 1
+    assert entry["accuracy_vs_none"] == 0.5 and entry["accuracy_vs_none_ci95"] == (0.5, 0.5)
+    assert entry["accuracy_not_fitting"] == {"none": 0.0, "default": 1.0}
+    assert entry["strategies"]["default"]["given_none_right"]["share"] == 0.5
+    new = json.loads(json.dumps(old))
+    new[2]["tally"]["context_errors"] = 0  # an error, not the window's: the session fits
+    assert combine(new)["4096"]["sessions_not_fitting"] == 0
+    assert combine(new)["4096"]["accuracy_vs_none"] == round(0.75 / 0.5, 3)
+
+
 def test_read_records_skips_other_lines(tmp_path: Path) -> None:
     log = tmp_path / "run.log"
     log.write_text("budget 4096 tokens\n" + json.dumps(record(0, "none", [True], 9)) + "\n"
@@ -113,4 +134,6 @@ def test_a_recorded_run_combines_into_its_own_table(tmp_path: Path) -> None:
                     "summaries", "extends_previous", "ms_per_step", "tokens_vs_none"):  # fmt: skip
             assert mine[key] == theirs[key], (name, key)
     assert combined["accuracy_vs_none"] == run["accuracy_vs_none"]
+    assert combined["accuracy_vs_none_ci95"] == run["accuracy_vs_none_ci95"]
+    assert combined["sessions_fitting"] == run["sessions_fitting"] == 2
     assert combined["strategies"]["none"]["given_none_right"]["share"] == 1.0

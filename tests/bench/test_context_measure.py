@@ -10,8 +10,10 @@ from bench.context_measure import (
     GENERATION_TAIL,
     PrefixCache,
     Score,
+    Tally,
     bootstrap_ci,
     extends,
+    paired_ratio_ci,
     parse_prefix_counters,
     score,
 )
@@ -57,6 +59,39 @@ def test_bootstrap_ci_brackets_the_mean_and_collapses_when_every_session_agrees(
     assert bootstrap_ci([True] * 5) == (1.0, 1.0)
     assert bootstrap_ci([False] * 5) == (0.0, 0.0)
     assert bootstrap_ci([]) == (0.0, 0.0)
+
+
+def test_paired_ratio_ci_resamples_sessions_for_both_arms_together() -> None:
+    base = [1.0] * 15 + [0.5] * 5
+    mine = [1.0] * 12 + [0.0] * 3 + [0.5] * 5  # the same sessions: 0.85 of base's
+    ci = paired_ratio_ci(mine, base, seed=3)
+    assert ci is not None
+    lo, hi = ci
+    assert lo < round(sum(mine) / sum(base), 3) < hi and hi <= 1.0
+    assert paired_ratio_ci(mine, base, seed=3) == ci  # seeded: the same interval
+    assert paired_ratio_ci(base, base) == (1.0, 1.0)  # paired: no spread when arms agree
+    # degenerate: nothing to compare on, base right on nothing, arms on other sessions
+    assert paired_ratio_ci([], []) is None
+    assert paired_ratio_ci([1.0, 0.5], [0.0, 0.0]) is None
+    assert paired_ratio_ci([1.0], [1.0, 1.0]) is None
+    # a draw where base is right on nothing has no ratio and is left out, not a crash
+    ci = paired_ratio_ci([1.0, 1.0], [1.0, 0.0], rounds=200, seed=1)
+    assert ci is not None and 1.0 <= ci[0] <= ci[1] <= 2.0
+
+
+def test_a_row_against_none_has_the_paired_interval_and_none_when_none_is_never_right() -> None:
+    def tally(right: list[bool]) -> Tally:
+        t = Tally()
+        for r in right:  # one question per session
+            t.answered("build", [Score(exact=r, normalised=r)], [])
+        return t
+
+    row = tally([True, False, True, True]).row(tally([True, True, True, True]))
+    assert row["accuracy_vs_none"] == 0.75
+    lo, hi = row["accuracy_vs_none_ci95"]
+    assert lo <= 0.75 <= hi
+    assert tally([True]).row(tally([False]))["accuracy_vs_none_ci95"] is None
+    assert "accuracy_vs_none_ci95" not in tally([True]).row(None)
 
 
 def test_parse_prefix_counters_sums_engines_and_skips_created_gauges() -> None:
