@@ -21,6 +21,7 @@ that time (``sustained_rps``).
 
     python -m bench.gateway_overhead [--quick] [--no-litellm] [--bodies chat,agent,session]
         [--probe FILE] [--writer-nice N] [--plot FILE] [--mock-answers session|canned]
+        [--modes plain,stream]
 
 The mock answers a session's step with the tool call its next request carries, so the
 agents echo the answers they got, as agents do (``bench.mock_upstream``);
@@ -33,6 +34,13 @@ prints, for each of its concurrency-1 cells, the slowest requests with what the 
 during each; the probe's own CPU makes that run's CPU figures unfit for comparison.
 ``--writer-nice N`` lowers the priority of ``gearshift_op``'s child processes (the
 recorder's writer, which shares the gateway's core here) once it has started.
+``--modes plain`` (or ``stream``) runs only those cells.
+
+Each of ``gearshift_op``'s cells also splits its CPU-ms a request by process
+(``cpu_ms_per_req_by_process``: the gateway, the recorder's writer, the tool sandbox with
+whatever it started, other), read from the same ``/proc`` snapshot as the tree's figure,
+so the parts add up to ``cpu_ms_per_req``; the summary's ``cpu_ms_per_req_by_process``
+has them by body, mode and concurrency.
 
 The last line printed is one JSON object.
 """
@@ -54,7 +62,7 @@ import orjson
 from bench import stall_probe
 from bench.agent_body import agent_body
 from bench.mock_upstream import ANSWERS
-from bench.procs import pinned, start, stop, tree_cpu_seconds, wait_http
+from bench.procs import CLK_TCK, _stats, pinned, process_tree, start, stop, wait_http
 from bench.proxies import (
     CLIENT_CORE,
     GEARSHIFT_CORE,
@@ -76,6 +84,34 @@ SUFFIX = {"chat": "recording", "agent": "agent_body", "session": "agent_session"
 PLAN = {"upstream": BODIES, "gearshift": ("chat",), "gearshift_op": BODIES, "litellm": BODIES}
 TARGETS = {"cpu_ratio_vs_litellm": 0.1, "added_p99_ms": 2.0, "max_stall_ms": 20.0}
 Cells = dict[str, dict[str, dict[str, dict[int, dict[str, Any]]]]]  # name, body, mode, c
+# A proxy's child process by what its command line holds (the first match; the rest of a
+# role's subtree is the role's: the sandbox's bwrap and resident interpreters are "sandbox")
+ROLES = (("gateway.recording.writer_process", "writer"), ("-m\0sandbox", "sandbox"))
+
+
+def _role(pid: int) -> str:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:  # gone since the snapshot
+        return "other"
+    return next((role for marker, role in ROLES if marker in cmdline), "other")
+
+
+def cpu_by_process(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of ``pid``'s process tree by role: ``gateway`` (``pid``
+    itself), ``writer``, ``sandbox`` (each with its descendants), ``other``; one snapshot,
+    so the parts sum to the tree's figure (``bench.procs.tree_cpu_seconds``)."""
+    stats = _stats()
+    out = {"gateway": 0.0, "writer": 0.0, "sandbox": 0.0, "other": 0.0}
+    roles = {pid: "gateway"}
+    for p in process_tree(pid, stats):  # parents before their children
+        if p not in stats:
+            continue
+        parent = int(stats[p][1])
+        role = roles.get(p) or (_role(p) if roles.get(parent) == "gateway" else None)
+        roles[p] = role = role or roles.get(parent, "other")
+        out[role] += (int(stats[p][11]) + int(stats[p][12])) / CLK_TCK
+    return out
 
 
 def loadgen(
@@ -92,18 +128,24 @@ def loadgen(
             "--mode", mode, "--concurrency", str(concurrency), "--requests", str(requests),
             "--max-seconds", str(max_s), "--key", target.key, *load]  # fmt: skip
     recorded = recorder_done(target.metrics) if target.metrics else 0.0
-    cpu0 = tree_cpu_seconds(target.proc.pid) if target.proc else 0.0
+    split0 = cpu_by_process(target.proc.pid) if target.proc else {}
     out = subprocess.run(pinned(argv, CLIENT_CORE), capture_output=True, text=True, check=True)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     drained = drain(target, recorded + result["completed"])  # a step per answer
-    cpu1 = tree_cpu_seconds(target.proc.pid) if target.proc else 0.0
+    split1 = cpu_by_process(target.proc.pid) if target.proc else {}
     result["drain_s"] = drained if target.metrics else 0.0
     result["sustained_rps"] = result["completed"] / (result["seconds"] + result["drain_s"])
     if result["errors"] and not result["completed"]:
         tail = target.log.read_text()[-3000:] if target.log else ""
         raise RuntimeError(f"{target.name}: every request failed; its log ends:\n{tail}")
     done = max(1.0, result["completed"])
-    result["cpu_ms_per_req"] = (cpu1 - cpu0) * 1000 / done if target.proc else float("nan")
+    result["cpu_ms_per_req"] = (
+        (sum(split1.values()) - sum(split0.values())) * 1000 / done if target.proc else float("nan")
+    )
+    if target.proc:
+        result["cpu_ms_per_req_by_process"] = {
+            role: (split1[role] - split0[role]) * 1000 / done for role in split1
+        }
     return result
 
 
@@ -117,15 +159,19 @@ def cell_size(mode: str, concurrency: int, quick: bool) -> tuple[int, float]:
     return (1000, 30) if mode == "plain" else (400, 30)
 
 
-def measure(targets: list[Target], bodies: dict[str, list[str]], quick: bool) -> Cells:
+def measure(
+    targets: list[Target], bodies: dict[str, list[str]], quick: bool, modes: tuple[str, ...] = MODES
+) -> Cells:
     cells: Cells = {}
     for target in targets:
         for name in (b for b in PLAN[target.name] if b in bodies):
             body = bodies[name]
             # warm-up: connections, caches, lazy imports
-            loadgen(target, "plain", 8, 24 if quick else 100, 30, body)
-            loadgen(target, "stream", 8, 16 if quick else 50, 30, body)
-            for mode in MODES:
+            if "plain" in modes:
+                loadgen(target, "plain", 8, 24 if quick else 100, 30, body)
+            if "stream" in modes:
+                loadgen(target, "stream", 8, 16 if quick else 50, 30, body)
+            for mode in modes:
                 for c in CONCURRENCY:
                     r = loadgen(target, mode, c, *cell_size(mode, c, quick), body)
                     cells.setdefault(target.name, {}).setdefault(name, {}).setdefault(mode, {})
@@ -134,7 +180,7 @@ def measure(targets: list[Target], bodies: dict[str, list[str]], quick: bool) ->
                         f"{target.name:12s} {name:5s} {mode:6s} c={c:<3d} {r['completed']:5.0f} req "
                         f"{r['rps']:8.1f} req/s p50 {r['p50_ms']:7.2f} ms p99 {r['p99_ms']:7.2f} ms "
                         f"max {r['max_ms']:7.2f} ms cpu {r['cpu_ms_per_req']:6.3f} ms/req "
-                        f"errors {r['errors']:.0f}" + _drained(r),
+                        f"errors {r['errors']:.0f}" + _drained(r) + _split(r),
                         flush=True,
                     )
     return cells
@@ -144,6 +190,13 @@ def _drained(r: dict[str, float]) -> str:
     if not r["drain_s"]:
         return ""
     return f" recorder done {r['drain_s']:.1f} s later ({r['sustained_rps']:.1f} req/s sustained)"
+
+
+def _split(r: dict[str, Any]) -> str:
+    parts = r.get("cpu_ms_per_req_by_process")
+    if not parts:
+        return ""
+    return " [" + " ".join(f"{k} {v:.3f}" for k, v in parts.items()) + "]"
 
 
 def _r(value: float, digits: int = 3) -> float | None:
@@ -204,7 +257,7 @@ def operator_summary(cells: Cells, mode: str) -> dict[str, float | None]:
 
 def summarize(cells: Cells, sandbox: str, answers: str = "session") -> dict[str, object]:
     summary: dict[str, object] = {}
-    for mode in MODES:
+    for mode in (m for m in MODES if _has_mode(cells, m)):
         if "gearshift" in cells:
             summary |= light_summary(cells, mode)
         summary |= operator_summary(cells, mode)
@@ -217,6 +270,14 @@ def summarize(cells: Cells, sandbox: str, answers: str = "session") -> dict[str,
         if name != "upstream"
         for body, modes in by_body.items()
     }
+    summary["cpu_ms_per_req_by_process"] = {
+        body: {
+            mode: {c: {k: _r(v) for k, v in r["cpu_ms_per_req_by_process"].items()}
+                   for c, r in by_c.items() if "cpu_ms_per_req_by_process" in r}
+            for mode, by_c in modes.items()
+        }
+        for body, modes in cells.get("gearshift_op", {}).items()
+    }  # fmt: skip
     summary["errors"] = {
         name: sum(r["errors"] for modes in by_body.values() for by_c in modes.values()
                   for r in by_c.values())
@@ -228,6 +289,10 @@ def summarize(cells: Cells, sandbox: str, answers: str = "session") -> dict[str,
     summary["targets"] = TARGETS
     summary["note"] = "CPU-only machine; absolute times are indicative, ratios are the result"
     return summary
+
+
+def _has_mode(cells: Cells, mode: str) -> bool:
+    return any(mode in modes for by_body in cells.values() for modes in by_body.values())
 
 
 def _lines(axes: Any, col: int, label: str, by_c: dict[int, dict[str, float]]) -> None:
@@ -282,6 +347,7 @@ def start_targets(
 def run(
     tmp: Path, with_litellm: bool, quick: bool, bodies: tuple[str, ...] = BODIES,
     probe: Path | None = None, writer_nice: int = 0, answers: str = "session",
+    modes: tuple[str, ...] = MODES,
 ) -> tuple[Cells, str]:  # fmt: skip
     agent = tmp / "agent.json"
     agent.write_bytes(orjson.dumps(agent_body()))
@@ -302,7 +368,7 @@ def run(
             for child in stall_probe.children(op.proc.pid):  # its writer and sandbox
                 os.setpriority(os.PRIO_PROCESS, child, writer_nice)
             print(f"gearshift_op: its child processes at nice {writer_nice}", flush=True)
-        return measure(targets, {b: load[b] for b in bodies}, quick), sandbox
+        return measure(targets, {b: load[b] for b in bodies}, quick, modes), sandbox
     finally:
         for t in targets:
             if t.proc is not None:
@@ -333,12 +399,18 @@ def main() -> None:
         "--mock-answers", choices=ANSWERS, default="session",
         help="session: each step answered with what the next one carries; canned: one sentence",
     )  # fmt: skip
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help="which cells: plain, stream (default: both)"
+    )
     args = parser.parse_args()
     bodies = tuple(b for b in BODIES if b in args.bodies.split(","))
+    modes = tuple(m for m in MODES if m in args.modes.split(","))
+    if not modes:
+        parser.error(f"--modes: none of {args.modes!r} is one of {', '.join(MODES)}")
     with tempfile.TemporaryDirectory(prefix="gearshift-bench-") as tmpdir:
         cells, sandbox = run(
             Path(tmpdir), not args.no_litellm, args.quick, bodies, args.probe, args.writer_nice,
-            args.mock_answers,
+            args.mock_answers, modes,
         )  # fmt: skip
     if args.plot:
         plot(cells, args.plot)

@@ -6,14 +6,19 @@ test_quick.py and docs/benchmarks.md)."""
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+import time
 
 import orjson
 
 from bench import stall_probe
 from bench.agent_body import agent_body, session_bodies
-from bench.gateway_overhead import CONCURRENCY, MODES, summarize
+from bench.gateway_overhead import CONCURRENCY, MODES, cpu_by_process, summarize
 from bench.loadgen import requests
 from bench.mock_upstream import tokenize
+from bench.procs import process_cpu_seconds, tree_cpu_seconds
 
 
 def test_the_agent_body_is_a_deterministic_tool_loop_of_about_39_kb():
@@ -141,3 +146,41 @@ def test_the_stall_probe_sets_events_beside_the_slowest_requests(tmp_path, capsy
     printed = capsys.readouterr().out
     assert "gc(gen 2) 30.0 ms, 29.0 on CPU" in printed and "nothing over thresholds" in printed
     assert stall_probe.during(stall_probe.read(log), 199.999, 2.0) == [events[2]]
+
+
+def test_the_cpu_split_names_each_child_and_adds_up_to_the_tree():
+    burn = "import time\nt = time.process_time() + 0.3\nwhile time.process_time() < t: pass\n"
+    burn += "print('ok', flush=True)\ntime.sleep(30)"
+    argvs = {  # the role's marker in each command line, as serve and the recorder start them
+        "sandbox": [sys.executable, "-c", burn, "-m", "sandbox", "--config", "x"],
+        "writer": [sys.executable, "-c", burn, "-m", "gateway.recording.writer_process"],
+        "other": [sys.executable, "-c", burn],
+    }
+    procs = {r: subprocess.Popen(a, stdout=subprocess.PIPE) for r, a in argvs.items()}
+    try:
+        for proc in procs.values():
+            assert proc.stdout is not None and proc.stdout.readline() == b"ok\n"
+        time.sleep(0.05)
+        split = cpu_by_process(os.getpid())
+        assert set(split) == {"gateway", "writer", "sandbox", "other"}
+        for role in ("writer", "sandbox", "other"):
+            assert split[role] >= 0.25  # its 0.3 s of CPU, at 10 ms ticks
+        assert abs(split["gateway"] - process_cpu_seconds(os.getpid())) < 0.05
+        assert abs(sum(split.values()) - tree_cpu_seconds(os.getpid())) < 0.05
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+
+
+def test_the_summary_keeps_only_the_modes_that_ran_and_the_split_by_process():
+    by_c = {c: cell(3, 4, 50, 1.0, 800) | {"cpu_ms_per_req_by_process": {"gateway": 0.7,
+            "writer": 0.3, "sandbox": 0.0, "other": 0.0}} for c in CONCURRENCY}  # fmt: skip
+    plain = {"plain": {c: cell(1, 2, 2, float("nan"), 5000) for c in CONCURRENCY}}
+    s = summarize(
+        {"upstream": {"session": plain}, "gearshift_op": {"session": {"plain": by_c}}}, "on"
+    )
+    assert (
+        s["cpu_ms_per_req_agent_session"] == 1.0 and "stream_cpu_ms_per_req_agent_session" not in s
+    )
+    assert s["cpu_ms_per_req_by_process"]["session"]["plain"][64]["writer"] == 0.3
