@@ -62,7 +62,7 @@ import orjson
 from bench import stall_probe
 from bench.agent_body import agent_body
 from bench.mock_upstream import ANSWERS
-from bench.procs import CLK_TCK, _stats, pinned, process_tree, start, stop, wait_http
+from bench.procs import CLK_TCK, pinned, proc_stats, process_tree, start, stop, wait_http
 from bench.proxies import (
     CLIENT_CORE,
     GEARSHIFT_CORE,
@@ -101,7 +101,7 @@ def cpu_by_process(pid: int) -> dict[str, float]:
     """CPU seconds (user + system) of ``pid``'s process tree by role: ``gateway`` (``pid``
     itself), ``writer``, ``sandbox`` (each with its descendants), ``other``; one snapshot,
     so the parts sum to the tree's figure (``bench.procs.tree_cpu_seconds``)."""
-    stats = _stats()
+    stats = proc_stats()
     out = {"gateway": 0.0, "writer": 0.0, "sandbox": 0.0, "other": 0.0}
     roles = {pid: "gateway"}
     for p in process_tree(pid, stats):  # parents before their children

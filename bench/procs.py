@@ -64,7 +64,7 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: flo
     raise RuntimeError(f"{url} not ready after {timeout_s}s; log:\n{log.read_text()[-2000:]}")
 
 
-def _stats() -> dict[int, list[str]]:
+def proc_stats() -> dict[int, list[str]]:
     """The ``/proc/<pid>/stat`` fields after the command name, by pid, of every process."""
     out = {}
     for entry in os.listdir("/proc"):
@@ -79,7 +79,7 @@ def _stats() -> dict[int, list[str]]:
 
 def process_tree(pid: int, stats: dict[int, list[str]] | None = None) -> list[int]:
     """``pid`` and its live descendants."""
-    stats = _stats() if stats is None else stats
+    stats = proc_stats() if stats is None else stats
     children: dict[int, list[int]] = {}
     for child, fields in stats.items():
         children.setdefault(int(fields[1]), []).append(child)  # field 4: ppid
@@ -95,7 +95,7 @@ def tree_cpu_seconds(pid: int, reaped: bool = False) -> float:
     """User + system CPU seconds of ``pid`` and all its live descendants; with ``reaped``
     also what the children they already reaped used (``cutime``/``cstime``: a short-lived
     run or engine process counts after it ended)."""
-    stats = _stats()
+    stats = proc_stats()
     last = 15 if reaped else 13  # utime, stime[, cutime, cstime]: fields 14-17
     ticks = sum(int(v) for p in process_tree(pid, stats) if p in stats for v in stats[p][11:last])
     return ticks / CLK_TCK
@@ -113,7 +113,7 @@ def tree_run_seconds(pid: int) -> float:
     ``tree_cpu_seconds`` counts 10 ms clock ticks; plus, in ticks, what they reaped of their
     ended children (``cutime``/``cstime``). A thread that ended is not counted. A process
     whose threads show no schedstat (a kernel without it) counts its ticks instead."""
-    stats = _stats()
+    stats = proc_stats()
     total = 0.0
     for p in process_tree(pid, stats):
         if p not in stats:

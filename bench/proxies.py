@@ -87,15 +87,20 @@ def gearshift_config(tmp: Path, port: int, mock_url: str, operator: bool) -> str
 
 
 def start_gearshift(
-    tmp: Path, mock_url: str, name: str, operator: bool, probe: Path | None = None
-) -> Target:
-    """``probe``: run it under bench.stall_probe, its events appended to this file."""
+    tmp: Path, mock_url: str, name: str, operator: bool, probe: Path | None = None,
+    wrap: tuple[str, Path] | None = None,
+) -> Target:  # fmt: skip
+    """``probe``: run it under bench.stall_probe, its events appended to this file;
+    ``wrap``: under another such module (``python -m MODULE FILE -- serve ...``, e.g.
+    bench.stage_sampler), given this file."""
     port = free_port()
     config = tmp / f"{name}.yaml"
     config.write_text(gearshift_config(tmp, port, mock_url, operator))
     gearshift = [str(Path(sys.executable).with_name("gearshift"))]
     if probe is not None:
-        gearshift = [sys.executable, "-m", "bench.stall_probe", str(probe), "--"]
+        wrap = ("bench.stall_probe", probe)
+    if wrap is not None:
+        gearshift = [sys.executable, "-m", wrap[0], str(wrap[1]), "--"]
     log = tmp / f"{name}.log"
     argv = [*gearshift, "--log-level", "warning", "serve", "--config", str(config)]
     proc = start(pinned(argv, GEARSHIFT_CORE), log)

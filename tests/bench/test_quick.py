@@ -53,6 +53,8 @@ def run_quick(name: str, *extra: str, timeout_s: float) -> dict[str, object]:
         ("recorder", (), 900),
         # two gateway processes per store, SQLite and a throwaway PostgreSQL
         ("admission", (), 900),
+        # one sampled gateway (bench.stage_sampler in its process), one small round
+        ("stage_cpu", (), 600),
     ],
 )
 def test_quick_run(name: str, extra: tuple[str, ...], timeout_s: float) -> None:
