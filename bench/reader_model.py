@@ -221,8 +221,9 @@ def serving(tmp: Path, home: Path = MODELS, reader: Reader = DEFAULT_READER) -> 
         # had not ended after 14 CPU-minutes in bf16
         dtype="float32",
         # one core: vLLM's default binds to both, which cut single-request speed to a
-        # quarter on these machines (REFERENCES.md)
-        cpu_bind="1",
+        # quarter on these machines (REFERENCES.md); GEARSHIFT_READER_CPUS: another (a
+        # second run beside a first one on core 1)
+        cpu_bind=os.environ.get("GEARSHIFT_READER_CPUS", "1"),
         # vLLM's last --served-model-name wins: this one lists both tiers' names
         extra_args=("--enable-prefix-caching", "--served-model-name", *names),
     )  # fmt: skip
