@@ -34,9 +34,11 @@ Strategies (one API key each, ``context.keys`` in the gateway's config):
                       under the budget (clear_to_fraction 1, mask_digest_chars 0)
     default-mask      the ladder before #24's fourth pass: masking stops once it leaves
                       the room, above the low-water mark (summarize_to_mark false)
-    default           the shipped ladder: mask (placeholders with a digest), summarize on
-                      fast, drop; a clearing aims at half the budget, and one that masking
-                      leaves above it goes on with the extractive summary
+    default-fast      the shipped ladder until 2026-12-03: the fast tier writes the
+                      summarize rung's summary (decisions/context-summarizer.md)
+    default           the shipped ladder: mask (placeholders with a digest), summarize
+                      (extractive), drop; a clearing aims at half the budget, and one that
+                      masking leaves above it goes on with the extractive summary
 
 The strategies alternate: session ``i`` goes through every strategy, starting with the
 ``i``-th, so all arms see the same sessions (greedy decoding) on the same machine state.
@@ -119,7 +121,9 @@ STRATEGIES: dict[str, dict[str, Any] | None] = {
     },
     # the ladder before #24's fourth pass: masking stopped once it left the room
     "default-mask": {"rungs": LADDER, "summarizer": "fast", "summarize_to_mark": False},
-    "default": {"rungs": LADDER, "summarizer": "fast"},
+    # the shipped ladder until 2026-12-03: the fast tier writes the summary the rung asks for
+    "default-fast": {"rungs": LADDER, "summarizer": "fast"},
+    "default": {"rungs": LADDER, "summarizer": "extractive"},
 }  # fmt: skip
 REAL_MODELS = ("smollm2-135m", "smollm2-135m-fast")  # the embedded stack's served names
 MOCK_WINDOW = MAX_MODEL_LEN  # bench.context_upstream's default window (8192)

@@ -77,9 +77,12 @@ class ContextSettings(Section):
         "once it leaves clear_at_least_tokens of room",
     )
     summarizer: Literal["fast", "full", "extractive"] = Field(
-        default="fast",
-        description="fast: the fast tier writes the summary (extractive when it fails); "
-        "full: the full tier does; extractive: no model call",
+        default="extractive",
+        description="extractive: the lines with numbers, paths, identifiers, errors and "
+        "decisions, no model call (the default: a real reader answered more of the early "
+        "facts from it than from a model's summary, docs/decisions/context-summarizer.md); "
+        "fast: the fast tier writes the summary (extractive when it fails); full: the full "
+        "tier does",
     )
     rungs: list[Literal["mask", "summarize", "drop"]] = Field(
         default=["mask", "summarize", "drop"],

@@ -86,8 +86,11 @@ def mcp_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def real_stack(tmp_path_factory: pytest.TempPathFactory, mcp_url: str) -> Iterator[RealStack]:
     """The default stack: the fast tier serves the pruned model (fast_mode: lossy); its
-    operator allows the session's MCP server (label ``demo``) for every tenant."""
+    operator allows the session's MCP server (label ``demo``) for every tenant; the context
+    ladder's summaries are the fast tier's (the default is the extractive summary, which the
+    integration tests cover: here a real model writes one, end to end)."""
     env = {
+        "GEARSHIFT_CONTEXT__SUMMARIZER": "fast",
         "GEARSHIFT_SANDBOX__GRANTS_BY_TENANT": json.dumps({"default": AGENT_GRANT}),
         "GEARSHIFT_RESPONSES__MCP__SERVERS": json.dumps(
             [{"label": "demo", "url": mcp_url, "tenants": ["*"]}]

@@ -63,7 +63,7 @@ def test_a_long_tool_session_is_masked_and_answered(make_stack):
 
 def test_a_long_chat_is_summarized_on_the_fast_tier(make_stack):
     full, fast = FakeUpstream("full"), FakeUpstream("fast")
-    stack = make_stack([full], [fast], context=ESTIMATE)
+    stack = make_stack([full], [fast], context={**ESTIMATE, "summarizer": "fast"})
     messages = chat(16)
     raw = stack.client().chat.completions.with_raw_response.create(
         model="full", messages=messages, extra_headers=ON
@@ -78,9 +78,28 @@ def test_a_long_chat_is_summarized_on_the_fast_tier(make_stack):
     assert "hello from fast" in sent["messages"][1]["content"]  # the fast tier's summary
 
 
+def test_by_default_a_long_chat_gets_the_extractive_summary_and_no_model_call(make_stack):
+    """The default summarizer (docs/decisions/context-summarizer.md): the summarize rung
+    keeps the chat's facts without asking the fast tier."""
+    full, fast = FakeUpstream("full"), FakeUpstream("fast")
+    stack = make_stack([full], [fast], context=ESTIMATE)
+    messages = chat(16)
+    raw = stack.client().chat.completions.with_raw_response.create(
+        model="full", messages=messages, extra_headers=ON
+    )
+    assert raw.parse().choices[0].message.content == "hello from full"
+    done = fields(raw.headers["x-gearshift-context"])
+    assert int(done["summarized"]) > 0 and done["summarizer"] == "extractive"
+    assert not fast.requests
+    (sent,) = full.requests
+    assert sent["messages"][0] == messages[0] and sent["messages"][-1] == messages[-1]
+    assert "Order 4000" in sent["messages"][1]["content"]  # a fact the summary kept
+
+
 def test_the_fast_tier_down_gives_the_extractive_summary(make_stack):
     full = FakeUpstream("full")
-    stack = make_stack([full], ["http://127.0.0.1:9"], context=ESTIMATE)  # nothing listens there
+    context = {**ESTIMATE, "summarizer": "fast"}
+    stack = make_stack([full], ["http://127.0.0.1:9"], context=context)  # nothing listens there
     raw = stack.client().chat.completions.with_raw_response.create(
         model="full", messages=chat(16), extra_headers=ON
     )

@@ -121,7 +121,7 @@ def test_truncation_must_be_auto_or_disabled(make_stack):
 
 def test_compact_a_chain_and_continue_from_its_output(make_stack):
     full, fast = FakeUpstream("full"), FakeUpstream("fast")
-    stack = make_stack([full], [fast], context=ESTIMATE)
+    stack = make_stack([full], [fast], context={**ESTIMATE, "summarizer": "fast"})
     client = stack.client()
     first = client.responses.create(model="full", input=tool_history(6))
     compacted = client.responses.compact(model="full", previous_response_id=first.id)
@@ -179,7 +179,9 @@ def test_compact_refuses_bad_input_by_name(make_stack, body, status, param):
 def test_condensations_are_session_events_and_summaries_are_steps(make_stack, tmp_path: Path):
     full, fast = FakeUpstream("full"), FakeUpstream("fast")
     # no tool output long enough to mask: the span is summarized on the fast tier
-    stack = make_stack([full], [fast], context={**ESTIMATE, "rungs": ["summarize", "drop"]})
+    stack = make_stack(
+        [full], [fast], context={**ESTIMATE, "rungs": ["summarize", "drop"], "summarizer": "fast"}
+    )
     client = stack.client()
     named = {"x-session-id": "long-2", "x-gearshift-context": "auto"}
     raw = client.chat.completions.with_raw_response.create(
