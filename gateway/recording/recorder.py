@@ -29,7 +29,9 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import os
 import sys
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -48,7 +50,18 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 FLUSH_TIMEOUT_S = 60
+LOW_NICE = 10  # how much nicer the low-priority reader is (``read(low=True)``)
 KNOWN_SESSIONS = 100_000  # named sessions whose tool call ids are kept for ``tool_result``
+
+
+def _lower_priority() -> None:
+    """This thread ``LOW_NICE`` nicer than the process (Linux: niceness is per thread);
+    where that cannot be done, as it is."""
+    with contextlib.suppress(AttributeError, OSError):
+        tid = threading.get_native_id()
+        os.setpriority(
+            os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + LOW_NICE)
+        )
 
 
 class RecorderClosed(Exception):
@@ -81,6 +94,9 @@ class Recorder:
         # (tenant, client session name) -> ids of the tool calls its offered steps made
         self._calls: OrderedDict[tuple[str, str], set[str]] = OrderedDict()
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-ops")
+        self._low = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="store-low", initializer=_lower_priority
+        )
         self._task: asyncio.Task[None] | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._batch = 0
@@ -142,6 +158,7 @@ class Recorder:
         if self.engine is not None:
             self.engine.dispose()
         self._thread.shutdown(wait=True)
+        self._low.shutdown(wait=True)
 
     # -- request path -----------------------------------------------------
 
@@ -233,10 +250,13 @@ class Recorder:
 
         return await asyncio.get_running_loop().run_in_executor(self._thread, run)
 
-    async def read(self, fn: Callable[[Connection], T]) -> T:
+    async def read(self, fn: Callable[[Connection], T], low: bool = False) -> T:
         """Run ``fn(conn)`` on a connection of its own in a worker thread: for reads that
         may take a while (reports, the dashboard, the agent metrics) and must hold up
-        neither the steps' writer nor the ordered operations of ``direct``."""
+        neither the steps' writer nor the ordered operations of ``direct``. ``low``: on
+        one thread at niceness ``LOW_NICE`` (periodic work nobody waits for: SQLite runs
+        a query without the interpreter lock, so at normal priority it takes the core
+        from the event loop's requests)."""
         if self._closing or self._task is None or self.engine is None:
             raise RecorderClosed("the trajectory store is not running")
         engine = self.engine
@@ -245,6 +265,8 @@ class Recorder:
             with engine.connect() as conn:
                 return fn(conn)
 
+        if low:
+            return await asyncio.get_running_loop().run_in_executor(self._low, run)
         return await asyncio.to_thread(run)
 
     # -- the consumer -----------------------------------------------------

@@ -150,20 +150,6 @@ def compute(
         .subquery()
     )
 
-    # the routing version of a session: its first step's (a canary is sticky per session)
-    first_seq = (
-        select(steps.c.session_id.label("sid"), func.min(steps.c.seq).label("seq"))
-        .where(first_choice, steps.c.session_id.in_(in_window))
-        .group_by(steps.c.session_id)
-        .subquery()
-    )
-    per_version = (
-        select(steps.c.session_id.label("sid"), steps.c.routing_version.label("version"))
-        .join(first_seq, (first_seq.c.sid == steps.c.session_id) & (first_seq.c.seq == steps.c.seq))
-        .where(first_choice)
-        .subquery()
-    )
-
     steps_n = func.coalesce(per_step.c.steps, 0)
     fast_n = func.coalesce(per_step.c.fast, 0)
     if group_by == "tenant":
@@ -171,7 +157,18 @@ def compute(
     elif group_by == "agent":
         keys = [sessions.c.tenant_id.label("tenant"), sessions.c.api_key.label("agent")]
     elif group_by == "routing_version":
-        keys = [func.coalesce(per_version.c.version, "none").label("routing_version")]
+        # a session's version is its first step's (a canary is sticky per session): one
+        # lookup on ``ix_steps_session_seq`` per session. Joined as a subquery instead,
+        # SQLite may scan it once per session (measured: 6 s for 10,000 sessions).
+        first_version = (
+            select(steps.c.routing_version)
+            .where(steps.c.session_id == sessions.c.id, first_choice)
+            .order_by(steps.c.seq)
+            .limit(1)
+            .correlate(sessions)
+            .scalar_subquery()
+        )
+        keys = [func.coalesce(first_version, "none").label("routing_version")]
     else:
         mix = case(
             (steps_n == 0, literal("none")),
@@ -212,7 +209,6 @@ def compute(
             .outerjoin(per_tool, per_tool.c.sid == sessions.c.id)
             .outerjoin(per_reward, per_reward.c.sid == sessions.c.id)
             .outerjoin(per_feedback, per_feedback.c.sid == sessions.c.id)
-            .outerjoin(per_version, per_version.c.sid == sessions.c.id)
         )
         .where(*where)
         .group_by(*keys)

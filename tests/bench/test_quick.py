@@ -45,6 +45,7 @@ def run_quick(name: str, *extra: str, timeout_s: float) -> dict[str, object]:
     ("name", "extra", "timeout_s"),
     [
         ("token_arrays", (), 60),
+        ("agent_metrics", (), 120),
         ("stream_relay", (), 60),
         ("http_clients", (), 120),
         ("router_latency", (), 120),

@@ -3,6 +3,8 @@ its tool result, its end and feedback, read back over the admin API and from /me
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import httpx
 import pytest
 
@@ -77,8 +79,8 @@ def test_prometheus_serves_the_latest_figures(stack):
     stack.wait_metric("gearshift_agent_task_success_rate", labels, 1.0)
     stack.wait_metric("gearshift_agent_steps_per_session", labels, 2.0)
     stack.wait_metric("gearshift_agent_satisfaction", labels, 0.8)
-    text = httpx.get(stack.url + "/metrics").text
-    assert 'gearshift_agent_satisfaction{agent="coder",tenant="acme",window="24h"} 0.8' in text
+    # the day's window is refreshed every REFRESH_TICKS["24h"] ticks (2 s here)
+    stack.wait_metric("gearshift_agent_satisfaction", {**labels, "window": "24h"}, 0.8)
 
 
 @pytest.mark.parametrize(
@@ -100,3 +102,31 @@ def test_bad_queries_get_a_clear_error(make_stack, params, who, status, param):
     r = httpx.get(stack.url + "/admin/v1/agent-metrics", params=params, headers=h(who))
     assert r.status_code == status, r.text
     assert r.json()["error"]["param"] == param
+
+
+async def test_the_exporter_refreshes_the_day_less_often_than_the_hour():
+    """A day of sessions costs ~24 times an hour's to aggregate and its figures move
+    slowly: the exporter recomputes it every REFRESH_TICKS["24h"] ticks, the hour every
+    tick, and keeps the last figures of a window it did not recompute."""
+    from types import SimpleNamespace
+
+    from gateway.metrics import Metrics
+
+    exporter = agents.AgentMetricsExporter(SimpleNamespace(metrics=Metrics(), recorder=None))
+    asked: list[tuple[int, timedelta]] = []
+    tick = 0
+
+    async def read(group_by, tenant, since, until, low=False):
+        assert (group_by, tenant, until, low) == ("agent", None, None, True)
+        asked.append((tick, datetime.now(UTC) - since))
+        return [tick]
+
+    exporter.read = read  # type: ignore[method-assign]
+    every = agents.REFRESH_TICKS["24h"]
+    for tick in range(2 * every + 1):
+        await exporter.refresh(tick)
+    day = [t for t, span in asked if span > timedelta(hours=2)]
+    hour = [t for t, span in asked if span <= timedelta(hours=2)]
+    assert hour == list(range(2 * every + 1))
+    assert day == [0, every, 2 * every]
+    assert exporter._snapshot == {"1h": [2 * every], "24h": [2 * every]}

@@ -5,8 +5,10 @@
 
 The figures (``gateway.store.agent_metrics``) are computed by the database from the
 trajectory store, so every replica answers the same. For Prometheus, a task recomputes
-them per tenant and agent over the last hour and day every ``METRICS_EVERY_S`` and
-``/metrics`` serves that snapshot: a scrape never waits on the store.
+them per tenant and agent over the last hour (every ``METRICS_EVERY_S``) and the last day
+(every ``REFRESH_TICKS["24h"]`` of those), and ``/metrics`` serves that snapshot: a scrape
+never waits on the store. The query runs on the recorder's low-priority reader thread, so on
+a busy core requests go first.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ log = logging.getLogger(__name__)
 
 METRICS_EVERY_S = 30.0
 EXPORTED_WINDOWS = {"1h": timedelta(hours=1), "24h": timedelta(days=1)}
+# Refreshes of each window, in ticks of METRICS_EVERY_S: a day's figures cost ~24 times an
+# hour's to compute and move slowly (docs/decisions/agent-metrics-refresh.md).
+REFRESH_TICKS = {"1h": 1, "24h": 10}
 MAX_WINDOW = timedelta(days=366)
 _WINDOW = re.compile(r"^(\d{1,4})([mhd])$")
 _UNITS = {"m": "minutes", "h": "hours", "d": "days"}
@@ -109,21 +114,25 @@ class AgentMetricsExporter(Collector):
                 await self._task
             self._task = None
 
-    async def refresh(self) -> None:
+    async def refresh(self, tick: int = 0) -> None:
+        """Recompute the windows due at ``tick`` (every window at tick 0)."""
         now = datetime.now(UTC)
-        snapshot = {}
+        snapshot = dict(self._snapshot)
         for window, span in EXPORTED_WINDOWS.items():
-            snapshot[window] = await self.read("agent", None, now - span, None)
+            if tick % REFRESH_TICKS[window] == 0 or window not in snapshot:
+                snapshot[window] = await self.read("agent", None, now - span, None, low=True)
         self._snapshot, self.refreshed_at = snapshot, time.time()
 
     async def _run(self) -> None:
+        tick = 0
         while True:
             try:
-                await self.refresh()
+                await self.refresh(tick)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the store may be briefly away: keep the last figures
                 log.warning("agent metrics not refreshed: %s", exc)
+            tick += 1
             await asyncio.sleep(METRICS_EVERY_S)
 
     async def read(
@@ -132,7 +141,9 @@ class AgentMetricsExporter(Collector):
         tenant: str | None,
         since: datetime | None,
         until: datetime | None,
+        low: bool = False,
     ) -> list[AgentMetrics]:
+        """``low``: on the recorder's low-priority reader (the exporter's refresh)."""
         recorder = self.services.recorder
         if recorder is None:
             raise StoreUnavailable("the trajectory store is off")
@@ -140,7 +151,8 @@ class AgentMetricsExporter(Collector):
             return await recorder.read(
                 lambda conn: agent_metrics.compute(
                     conn, group_by=group_by, tenant=tenant, since=since, until=until
-                )
+                ),
+                low=low,
             )
         except RecorderClosed:
             raise StoreUnavailable("the trajectory store is not running") from None

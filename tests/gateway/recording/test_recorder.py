@@ -215,3 +215,31 @@ async def test_a_tool_result_is_queued_only_for_a_call_this_gateway_recorded(tmp
         status = conn.execute(select(tool_calls.c.status, tool_calls.c.attestation)).one()
     assert tuple(status) == ("ok", "a")
     await r.close()
+
+
+async def test_a_low_priority_read_runs_on_a_nicer_thread_and_sees_the_steps(tmp_path):
+    """The agent metrics' periodic query runs at niceness +LOW_NICE (Linux sets it per
+    thread), so on a busy core the event loop's requests go first; it reads what is
+    committed, like any read."""
+    import threading
+
+    from gateway.recording.recorder import LOW_NICE
+
+    r = Recorder(settings(tmp_path, linger_s=0), Metrics())
+    await r.start()
+    await r.record(rec())
+    await r.call(lambda conn: None)  # the step is committed
+
+    def where(conn):
+        tid = threading.get_native_id()
+        n = conn.execute(select(func.count()).select_from(steps)).scalar()
+        return tid, os.getpriority(os.PRIO_PROCESS, tid), n
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    low_tid, low_nice, low_n = await r.read(where, low=True)
+    tid, nice, n = await r.read(where)
+    assert (low_n, n) == (1, 1)
+    assert low_nice == min(19, base + LOW_NICE)
+    assert nice == base and tid != low_tid
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the process itself is untouched
+    await r.close()
