@@ -54,6 +54,10 @@ STAGES = [
     ("gateway.pipeline.handler", "answer"),
     ("gateway.pipeline.finish", "Finish.__call__"),
     ("gateway.recording.recorder", "Recorder.record"),
+    # the upstream call, and the whole pipeline: a stall in neither named stage above is
+    # placed in one of these (the agent body's 40-50 ms at c=1, docs/benchmarks.md)
+    ("gateway.upstream.dispatch", "Dispatcher.dispatch"),
+    ("gateway.pipeline.handler", "CompletionPipeline._serve"),
     # off the loop, in threads: they hold the GIL while they compute
     ("gateway.routing.calibration", "refit_from_traffic"),
     ("gateway.routing.control", "ControlSync._refresh"),
