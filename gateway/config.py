@@ -247,6 +247,12 @@ class StoreSettings(Section):
     batch_size: int = Field(
         default=256, ge=1, description="most steps committed in one transaction"
     )
+    batch_mb: float = Field(
+        default=4.0,
+        gt=0,
+        description="about the most megabytes of encoded steps in one transaction (one "
+        "writer frame, built on the event loop: 256 agent steps are ~25 MB)",
+    )
     linger_s: float = Field(
         default=0.05,
         ge=0,

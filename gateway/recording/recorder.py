@@ -5,7 +5,7 @@ it at once into its entry of a writer frame: what waits in the queue is bytes. A
 result for a tool call a queued or written step made goes the same way
 (``tool_result``: a ``ToolResultRecord``, in order after that step). A
 consumer task takes whatever has queued up (waiting up to ``linger_s`` for more,
-at most ``batch_size``), sends it to the writer process
+at most ``batch_size`` steps and about ``batch_mb``), sends it to the writer process
 (``gateway.recording.writer_process``) and waits for its acknowledgement, which
 comes after the commit. Under load batches grow on their own while the writer
 is busy.
@@ -64,6 +64,22 @@ def _lower_priority() -> None:
         )
 
 
+def _bytes(item: bytes | _Op) -> int:
+    return len(item) if isinstance(item, bytes) else 0
+
+
+def _frame(batch: int, resend: bool, records: list[bytes]) -> bytes:
+    """A batch frame's body (``writer_process``'s format, what ``encode`` would give) from
+    records already encoded: joined, not re-serialized, so one copy of their bytes."""
+    parts = [b'{"batch":%d,"resend":%s,"records":[' % (batch, b"true" if resend else b"false")]
+    for i, rec in enumerate(records):
+        if i:
+            parts.append(b",")
+        parts.append(rec)
+    parts.append(b"]}")
+    return b"".join(parts)
+
+
 class RecorderClosed(Exception):
     """The recorder is shutting down and takes no more work."""
 
@@ -100,6 +116,7 @@ class Recorder:
         self._task: asyncio.Task[None] | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._batch = 0
+        self._carry: bytes | _Op | None = None  # taken from the queue, first of the next batch
         self._closing = False
         self._dropped_logged_at = 0.0
 
@@ -281,10 +298,10 @@ class Recorder:
             if taken:
                 async with self._room:
                     self._room.notify_all()
-            run: list[orjson.Fragment] = []
+            run: list[bytes] = []
             for item in batch:
                 if isinstance(item, bytes):
-                    run.append(orjson.Fragment(item))
+                    run.append(item)
                     continue
                 await self._send(run)
                 run = []
@@ -292,12 +309,17 @@ class Recorder:
             await self._send(run)
 
     async def _collect(self) -> list[bytes | _Op]:
-        """The next batch: what is queued after lingering linger_s, at most batch_size.
+        """The next batch: what is queued after lingering linger_s, at most batch_size
+        steps and about batch_mb of them (a step that would pass it starts the next batch).
 
         One sleep per batch rather than a timeout per item: under load the linger is
         what makes batches large, and a timer per step would cost more than it saves.
+        The byte bound keeps the frame, built and written on the event loop, small: 256
+        agent steps are ~25 MB, and a frame that size held the loop for 30-40 ms
+        (docs/decisions/recorder-frame-size.md).
         """
-        first = await self._queue.get()
+        first = self._carry if self._carry is not None else await self._queue.get()
+        self._carry = None
         linger = (
             self.settings.linger_s > 0
             and not isinstance(first, _Op)
@@ -307,20 +329,26 @@ class Recorder:
         if linger:
             await asyncio.sleep(self.settings.linger_s)
         batch = [first]
+        size, limit = _bytes(first), self.settings.batch_mb * 1_000_000
         while len(batch) < self.settings.batch_size and not self._queue.empty():
-            batch.append(self._queue.get_nowait())
+            item = self._queue.get_nowait()
+            if size + _bytes(item) > limit:
+                self._carry = item  # first of the next batch: the order is kept
+                break
+            batch.append(item)
+            size += _bytes(item)
         return batch
 
-    async def _send(self, records: list[orjson.Fragment]) -> None:
+    async def _send(self, records: list[bytes]) -> None:
         """Hand records to the writer and wait for its commit; survive its death."""
         if not records:
             return
         self._batch += 1
-        frame = {"batch": self._batch, "resend": False, "records": records}
+        resend = False
         delay = 0.1
         while True:
             try:
-                ack = await self._exchange(encode(frame))
+                ack = await self._exchange(_frame(self._batch, resend, records))
                 break
             except WriterGone as exc:
                 self.metrics.recorder_retries.inc()
@@ -328,7 +356,7 @@ class Recorder:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 await self._spawn()
-                frame["resend"] = True
+                resend = True
         self.metrics.recorder_written.inc(ack["written"])
         if ack["dead"]:
             self.metrics.recorder_dropped.labels("write_failed").inc(ack["dead"])
@@ -340,6 +368,7 @@ class Recorder:
         if proc is None or proc.stdin is None or proc.stdout is None:
             raise WriterGone("not started")
         try:
+            proc.stdin.write(HEADER.pack(len(frame)))  # the header apart: no copy of the body
             proc.stdin.write(frame)
             await proc.stdin.drain()
             (size,) = HEADER.unpack(await proc.stdout.readexactly(HEADER.size))

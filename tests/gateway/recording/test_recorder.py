@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 import orjson
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from gateway.config import StoreSettings
 from gateway.metrics import Metrics
@@ -243,3 +243,45 @@ async def test_a_low_priority_read_runs_on_a_nicer_thread_and_sees_the_steps(tmp
     assert nice == base and tid != low_tid
     assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the process itself is untouched
     await r.close()
+
+
+async def test_a_backlog_of_large_steps_goes_in_frames_of_about_batch_mb(tmp_path):
+    """A writer that fell behind leaves agent steps (~0.1 MB each) queued; the frame that
+    carries them is built on the event loop, so the consumer cuts batches at ``batch_mb``
+    (a step that would pass it opens the next batch) and every step still lands, in order."""
+    metrics = Metrics()
+    r = Recorder(settings(tmp_path, linger_s=0, batch_mb=1.0), metrics)
+    await r.start()
+    gate = await blocked(r)  # one small step written
+    ids = [uuid.uuid4().hex for _ in range(12)]
+    for i, step_id in enumerate(ids):
+        assert await r.record(rec(step_id, content=f"{i:02d}" + "x" * 300_000))
+    gate.set()
+    await r.call(lambda conn: None)
+    sizes = metrics.registry.get_sample_value("gearshift_recorder_batch_steps_count")
+    total = metrics.registry.get_sample_value("gearshift_recorder_batch_steps_sum")
+    assert total == 13
+    assert sizes >= 1 + 12 / 3  # at most three 0.3 MB steps under 1 MB
+    assert (
+        metrics.registry.get_sample_value("gearshift_recorder_batch_steps_bucket", {"le": "4.0"})
+        == sizes
+    )
+    assert r.engine is not None
+    with r.engine.connect() as conn:  # SQLite's rowid: the order rows were inserted in
+        stored = conn.execute(
+            select(steps.c.id).where(steps.c.id.in_(ids)).order_by(text("rowid"))
+        ).scalars()
+        assert list(stored) == ids
+    await r.close()
+
+
+def test_a_frame_joined_from_encoded_steps_is_what_encode_would_send():
+    from gateway.recording.recorder import _frame
+    from gateway.recording.writer_process import encode, encode_step
+
+    records = [encode_step(rec(content=c)) for c in ("a", 'é\n"', "x" * 1000)]
+    for batch, resend in ((1, False), (73, True)):
+        whole = encode({"batch": batch, "resend": resend,
+                        "records": [orjson.Fragment(x) for x in records]})  # fmt: skip
+        assert whole[4:] == _frame(batch, resend, records)
+    assert orjson.loads(_frame(2, False, [])) == {"batch": 2, "resend": False, "records": []}
