@@ -26,17 +26,23 @@ def fields(header: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in header.split(", "))
 
 
-def test_a_long_tool_session_goes_to_the_mark_without_a_model_call(make_stack):
-    """The default: masking leaves it above half the budget, so the extractive summary of
-    the oldest turns takes it there; the latest `keep_recent_messages` stay whole."""
+def condensed(make_stack, messages, context) -> tuple[dict[str, str], FakeUpstream, FakeUpstream]:
+    """One request with context management on, through a stack of a full and a fast stand-in;
+    the full tier's answer reaches the client. What the gateway says it did, and both tiers."""
     full, fast = FakeUpstream("full"), FakeUpstream("fast")
-    stack = make_stack([full], [fast], context=ESTIMATE)
-    messages = session(20)
+    stack = make_stack([full], [fast], context=context)
     raw = stack.client().chat.completions.with_raw_response.create(
         model="full", messages=messages, extra_headers=ON
     )
     assert raw.parse().choices[0].message.content == "hello from full"
-    done = fields(raw.headers["x-gearshift-context"])
+    return fields(raw.headers["x-gearshift-context"]), full, fast
+
+
+def test_a_long_tool_session_goes_to_the_mark_without_a_model_call(make_stack):
+    """The default: masking leaves it above half the budget, so the extractive summary of
+    the oldest turns takes it there; the latest `keep_recent_messages` stay whole."""
+    messages = session(20)
+    done, full, fast = condensed(make_stack, messages, ESTIMATE)
     assert done["summarizer"] == "extractive" and int(done["summarized"]) > 0
     assert int(done["tokens_after"]) <= 3000 * 0.5 < 3000 < int(done["tokens_before"])
     (sent,) = full.requests
@@ -44,14 +50,8 @@ def test_a_long_tool_session_goes_to_the_mark_without_a_model_call(make_stack):
 
 
 def test_a_long_tool_session_is_masked_and_answered(make_stack):
-    full, fast = FakeUpstream("full"), FakeUpstream("fast")
-    stack = make_stack([full], [fast], context={**ESTIMATE, "summarize_to_mark": False})
     messages = session(20)
-    raw = stack.client().chat.completions.with_raw_response.create(
-        model="full", messages=messages, extra_headers=ON
-    )
-    assert raw.parse().choices[0].message.content == "hello from full"
-    done = fields(raw.headers["x-gearshift-context"])
+    done, full, fast = condensed(make_stack, messages, {**ESTIMATE, "summarize_to_mark": False})
     assert int(done["masked"]) > 0 and done["summarized"] == "0"
     assert int(done["tokens_before"]) > 3000 >= int(done["tokens_after"])
     (sent,) = full.requests
@@ -62,14 +62,8 @@ def test_a_long_tool_session_is_masked_and_answered(make_stack):
 
 
 def test_a_long_chat_is_summarized_on_the_fast_tier(make_stack):
-    full, fast = FakeUpstream("full"), FakeUpstream("fast")
-    stack = make_stack([full], [fast], context={**ESTIMATE, "summarizer": "fast"})
     messages = chat(16)
-    raw = stack.client().chat.completions.with_raw_response.create(
-        model="full", messages=messages, extra_headers=ON
-    )
-    assert raw.parse().choices[0].message.content == "hello from full"
-    done = fields(raw.headers["x-gearshift-context"])
+    done, full, fast = condensed(make_stack, messages, {**ESTIMATE, "summarizer": "fast"})
     assert int(done["summarized"]) > 0 and done["summarizer"] == "fast"
     (summary_request,) = fast.requests
     assert summary_request["model"] == "model-fast" and summary_request["max_tokens"] == 400
@@ -81,14 +75,8 @@ def test_a_long_chat_is_summarized_on_the_fast_tier(make_stack):
 def test_by_default_a_long_chat_gets_the_extractive_summary_and_no_model_call(make_stack):
     """The default summarizer (docs/decisions/context-summarizer.md): the summarize rung
     keeps the chat's facts without asking the fast tier."""
-    full, fast = FakeUpstream("full"), FakeUpstream("fast")
-    stack = make_stack([full], [fast], context=ESTIMATE)
     messages = chat(16)
-    raw = stack.client().chat.completions.with_raw_response.create(
-        model="full", messages=messages, extra_headers=ON
-    )
-    assert raw.parse().choices[0].message.content == "hello from full"
-    done = fields(raw.headers["x-gearshift-context"])
+    done, full, fast = condensed(make_stack, messages, ESTIMATE)
     assert int(done["summarized"]) > 0 and done["summarizer"] == "extractive"
     assert not fast.requests
     (sent,) = full.requests
