@@ -1,9 +1,10 @@
 """Where the gateway process's request CPU goes, by stage of the request path.
 
-    python -m bench.stage_cpu [--quick] [--rounds N] [--concurrency 16,64]
+    python -m bench.stage_cpu [--quick] [--rounds N] [--concurrency 16,64] [--body session|agent]
 
 Runs the gateway as bench.gateway_overhead's ``gearshift_op`` (keys, routing, recording to
-SQLite, sandbox on; the mock upstream; agents' session bodies, non-streamed) under
+SQLite, sandbox on; the mock upstream; agents' session bodies, or with ``--body agent``
+bench.agent_body's 39 KB tool loop as every request, non-streamed) under
 bench.stage_sampler: a sampler on the process's CPU clock (``ITIMER_PROF`` every 5 ms, each
 sample charged the main thread's CPU since the previous one). After a warm-up (start-up
 excluded: the counts start there) each round runs one bench.gateway_overhead cell per
@@ -35,7 +36,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from bench import stage_sampler
+from bench.agent_body import agent_body
 from bench.gateway_overhead import cell_size, loadgen
 from bench.procs import pinned, start, stop, wait_http
 from bench.proxies import CLIENT_CORE, Target, free_port, sandbox_state, start_gearshift
@@ -131,7 +135,9 @@ def take(target: Target, out: Path, seq: int, timeout_s: float = 60) -> str:
     raise RuntimeError(f"the sampler wrote no dump {seq} in {timeout_s}s")
 
 
-def run(tmp: Path, quick: bool, rounds: int, concurrency: tuple[int, ...]) -> dict[str, Any]:
+def run(
+    tmp: Path, quick: bool, rounds: int, concurrency: tuple[int, ...], body: str = "session"
+) -> dict[str, Any]:
     mock_port, mock_log = free_port(), tmp / "mock.log"
     argv = [sys.executable, "-m", "bench.mock_upstream", "--port", str(mock_port)]
     mock = start(pinned(argv, CLIENT_CORE), mock_log)
@@ -146,6 +152,10 @@ def run(tmp: Path, quick: bool, rounds: int, concurrency: tuple[int, ...]) -> di
                                  wrap=("bench.stage_sampler", out))  # fmt: skip
         print(f"gearshift_op: sandbox {sandbox_state(target)}", flush=True)
         load = ["--sessions"]
+        if body == "agent":
+            agent = tmp / "agent.json"
+            agent.write_bytes(orjson.dumps(agent_body()))
+            load = ["--body", str(agent)]
         loadgen(target, "plain", 8, 24 if quick else 100, 30, load)  # warm-up
         take(target, out, 1)  # start-up and warm-up: not counted
         for r in range(1, rounds + 1):
@@ -182,6 +192,10 @@ def main() -> None:
     parser.add_argument(
         "--concurrency", default="16,64", help="a round's cells, by concurrency (default 16,64)"
     )
+    parser.add_argument(
+        "--body", choices=("session", "agent"), default="session",
+        help="what each request sends: growing agent sessions (default) or the agent body",
+    )  # fmt: skip
     args = parser.parse_args()
     try:
         concurrency = tuple(int(c) for c in args.concurrency.split(","))
@@ -191,7 +205,7 @@ def main() -> None:
         parser.error("--rounds and every --concurrency must be at least 1")
     rounds = 1 if args.quick else args.rounds
     with tempfile.TemporaryDirectory(prefix="gearshift-bench-") as tmpdir:
-        result = run(Path(tmpdir), args.quick, rounds, concurrency)
+        result = run(Path(tmpdir), args.quick, rounds, concurrency, args.body)
     print(json.dumps(result))
 
 

@@ -32,6 +32,13 @@ CONTINUED = (
     )
     .limit(1)
 )
+# the sessions ending a step in any of a tenant's continuation hashes; a hash's first row
+# is the one CONTINUED's LIMIT 1 reads (both walk ix_steps_tenant_continuation)
+CONTINUED_ANY = select(steps.c.continuation_sha256, steps.c.session_id).where(
+    steps.c.tenant_id == bindparam("tenant"),
+    steps.c.continuation_sha256.in_(bindparam("prefixes", expanding=True)),
+)
+CONTINUED_CHUNK = 500  # hashes a statement: well inside every driver's parameter limit
 TOP_SEQ = select(func.max(steps.c.seq)).where(steps.c.session_id == bindparam("sid"))
 # each listed session's last committed step number (sessions without steps: no row)
 TOPS = (
@@ -162,6 +169,10 @@ class Pending:
         self.order: dict[str, int] = {}
         # session -> its last committed step number (-1: none) as this batch found it
         self.tops: dict[str, int] = {}
+        # (tenant, continuation hash) -> the committed session ending a step in it (None:
+        # none), read in one statement at the batch's start for the steps that name no
+        # session (``continued``)
+        self.continued: dict[tuple[str, str], str | None] = {}
 
     def add_calls(self, rows: list[dict[str, Any]]) -> None:
         self.calls.extend(rows)
@@ -268,6 +279,21 @@ def insert_rows(
     binds = compiled.binds
     params = [tuple(row[k] if p is None else p(row[k]) for k, p in binds) for row in rows]
     conn.exec_driver_sql(compiled.sql, params)
+
+
+def continued(conn: Connection, asks: dict[str, set[str]]) -> dict[tuple[str, str], str | None]:
+    """For each tenant's continuation hashes in ``asks``, the session that ends a step in
+    it (None: no committed step does), in one statement per tenant and chunk."""
+    out: dict[tuple[str, str], str | None] = {}
+    for tenant, prefixes in asks.items():
+        ordered = sorted(prefixes)
+        for at in range(0, len(ordered), CONTINUED_CHUNK):
+            chunk = ordered[at : at + CONTINUED_CHUNK]
+            out.update(((tenant, prefix), None) for prefix in chunk)
+            for prefix, sid in conn.execute(CONTINUED_ANY, {"tenant": tenant, "prefixes": chunk}):
+                if out[(tenant, prefix)] is None:
+                    out[(tenant, prefix)] = str(sid)
+    return out
 
 
 def last_numbers(conn: Connection, sids: list[str]) -> dict[str, int]:

@@ -11,6 +11,11 @@ When the bytes part earlier (the history was condensed, edited, or another branc
 session answered last) the shared part is the common byte prefix cut back to the last whole
 id; a short one (under ``MIN_SHARED`` ids) is not worth a reference and the prompt is
 stored whole, as it is for a session's first step and after the cache forgot the session.
+
+A prompt stored whole is still not parsed whole when it begins like the last prompt stored
+whole (``Template``): new sessions of one agent open with the same system prompt and tool
+definitions, thousands of ids, and those are copied packed from that prompt; only the ids
+after the shared bytes are parsed. What is stored is the same bytes either way.
 """
 
 from __future__ import annotations
@@ -51,12 +56,27 @@ class Encoded:
     ids: bytes | None
 
 
+class Template:
+    """The last prompt of vLLM's bytes stored whole, as those bytes and packed: the next
+    one stored whole copies the packed ids the two begin with (``_whole``)."""
+
+    __slots__ = ("last", "packed")
+
+    def __init__(self) -> None:
+        self.last: Last | None = None
+        self.packed = b""
+
+
 def encode(
-    last: Last | None, prompt: RawJson | list[int] | None, remember: bool = True
+    last: Last | None,
+    prompt: RawJson | list[int] | None,
+    remember: bool = True,
+    template: Template | None = None,
 ) -> tuple[Encoded, Last | None]:
     """The columns for ``prompt`` given the session's ``last`` step, and the ``Last`` this
     prompt makes (its ``choices`` left for the caller to fill; None without ids, or when
-    nothing is to be remembered)."""
+    nothing is to be remembered). ``template``: the writer's last prompt stored whole,
+    which a prompt stored whole here replaces."""
     if prompt is None:
         return Encoded(None, None, None), None
     if isinstance(prompt, list) and last is None and not remember:
@@ -71,23 +91,45 @@ def encode(
                 return Encoded(ref, shared + into, _pack(tail[into:])), Last(
                     data, shared + len(tail), []
                 )
-    ids = orjson.loads(data) if isinstance(prompt, RawJson) else prompt
-    return Encoded(None, None, _pack(ids)), Last(data, len(ids), [])
+    if isinstance(prompt, list):
+        return Encoded(None, None, _pack(prompt)), Last(data, len(prompt), [])
+    packed = _whole(data, template)
+    return Encoded(None, None, packed), Last(data, len(packed) // 4, [])
+
+
+def _whole(data: bytes, template: Template | None) -> bytes:
+    """``data``'s ids packed: those it shares with ``template``'s prompt copied from its
+    packed form, the rest parsed; ``template`` then holds ``data``."""
+    found = _cut(template.last, data) if template is not None and template.last else None
+    if template is not None and found is not None and found[0] >= MIN_SHARED:
+        packed = template.packed[: 4 * found[0]] + _pack(_parse_after(data, found[1]))
+    else:
+        packed = _pack(orjson.loads(data))
+    if template is not None:
+        template.last, template.packed = Last(data, len(packed) // 4, []), packed
+    return packed
 
 
 def _shared(last: Last, data: bytes) -> tuple[int, list[int]] | None:
     """(ids of ``data`` equal to the last prompt's first ids, the ids after them), or None
     when ``data`` is not a JSON array of ids."""
+    found = _cut(last, data)
+    return None if found is None else (found[0], _parse_after(data, found[1]))
+
+
+def _cut(last: Last, data: bytes) -> tuple[int, int] | None:
+    """(ids of ``data`` equal to the last prompt's first ids, the position in ``data`` of
+    the "," or "]" after them), or None when no whole id is shared."""
     head = last.prompt[:-1]  # without its "]"
     if last.count and data.startswith(head) and data[len(head) : len(head) + 1] in _SEPARATORS:
-        return last.count, _parse_after(data, len(head))
+        return last.count, len(head)
     n = _common_prefix(last.prompt, data)
     a, b = last.prompt[n : n + 1], data[n : n + 1]
     # the id before the first differing byte is whole in both when both end it there
     cut = n if (a in _SEPARATORS and b in _SEPARATORS and n > 1) else data.rfind(b",", 0, n)
     if cut <= 0:
         return None
-    return data.count(b",", 0, cut) + 1, _parse_after(data, cut)
+    return data.count(b",", 0, cut) + 1, cut
 
 
 def _parse_after(data: bytes, at: int) -> list[int]:

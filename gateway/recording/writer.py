@@ -36,9 +36,17 @@ import orjson
 from sqlalchemy import Connection
 
 from gateway.recording import context_event
-from gateway.recording.batch import CONTINUED, LRU, Pending, reward_row, session_row, step_row
+from gateway.recording.batch import (
+    CONTINUED,
+    LRU,
+    Pending,
+    continued,
+    reward_row,
+    session_row,
+    step_row,
+)
 from gateway.recording.numbering import SessionNumbers
-from gateway.recording.prompt_ref import Lasts, encode
+from gateway.recording.prompt_ref import Lasts, Template, encode
 from gateway.recording.records import ChoiceCapture, RawJson, StepRecord, ToolResultRecord
 from gateway.recording.tool_calls import ToolCalls
 from gateway.store import chain, rewards
@@ -72,6 +80,9 @@ class StepWriter:
         self._numbers = SessionNumbers(cache, forget=self._forget_session)
         # session id -> its last step's prompt ids, which the next one's refer to
         self._lasts = Lasts(int(prompt_cache_mb * 2**20))
+        # the last prompt stored whole: the next session's first prompt copies the packed
+        # ids they begin with (one agent's system prompt and tools) instead of parsing them
+        self._template = Template()
         # the open hashes of recent continuations: a session's next step hashes only what
         # it adds to its history (0 MB: every step hashes its whole history)
         self._histories = chain.ChainCache(max_mb=history_cache_mb)
@@ -123,7 +134,9 @@ class StepWriter:
         seq = self._numbers.take(conn, self._pending, sid)
         created = now_utc(rec.created_at)
         schemas = tool_schemas(request.get("tools"))
-        prompt, last = encode(self._lasts.get(sid), rec.prompt_token_ids, self._lasts.budget > 0)
+        prompt, last = encode(
+            self._lasts.get(sid), rec.prompt_token_ids, self._lasts.budget > 0, self._template
+        )
         step_rows, reward_rows, call_rows = [], [], []
         choices = rec.choices or [ChoiceCapture(0)]
         for i, (step_id, choice) in enumerate(zip(rec.step_ids, choices, strict=False)):
@@ -187,7 +200,8 @@ class StepWriter:
         sha = hashlib.sha256(body).hexdigest()
         self._pending.blobs[sha] = {"sha256": sha, "body": body}
         seq = self._numbers.take(conn, self._pending, sid)
-        prompt, _ = encode(None, rec.prompt_token_ids)  # whole: the agent's steps refer on
+        # whole: the agent's steps refer on
+        prompt, _ = encode(None, rec.prompt_token_ids, template=self._template)
         row = step_row(rec, rec.step_ids[0], rec.choices[0], sid, seq, sha, prompt,
                        now_utc(rec.created_at))  # fmt: skip
         row.update(rewritten=False, prefix_sha256=None, continuation_sha256=None)
@@ -252,6 +266,9 @@ class StepWriter:
         hit = self._chains.get(f"{tenant}\x00{prefix}")
         if hit is not None:
             return str(hit)
+        read = self._pending.continued
+        if (tenant, prefix) in read:  # read at the batch's start (``_check_known``)
+            return read[(tenant, prefix)]
         row = conn.execute(CONTINUED, {"tenant": tenant, "prefix": prefix}).first()
         return None if row is None else str(row[0])
 
@@ -261,9 +278,12 @@ class StepWriter:
         """Read, in one statement, the last step number of the sessions this batch's steps
         name (or continue, by a chain link cached here) and that this writer remembers;
         then, in one more, the open calls their tool messages may answer
-        (``ToolCalls.prefetch``)."""
+        (``ToolCalls.prefetch``). The continuation hashes of the steps that name no session
+        and are not cached here are read in one statement too (``batch.continued``): a
+        new session's first step would otherwise cost a query of its own."""
         sids = set()
         asks: list[tuple[str, Any]] = []
+        unknown: dict[str, set[str]] = {}
         for rec in records:
             if not isinstance(rec, StepRecord):
                 continue
@@ -273,12 +293,16 @@ class StepWriter:
             elif rec.chain is not None and rec.chain.prefix:
                 hit = self._chains.get(f"{rec.tenant}\x00{rec.chain.prefix}")
                 sid = None if hit is None else str(hit)
+                if sid is None:
+                    unknown.setdefault(rec.tenant, set()).add(rec.chain.prefix)
             if sid is None:
                 continue
             sids.add(sid)
             if rec.endpoint == "chat" and isinstance(rec.request, dict):
                 asks.append((sid, rec.request.get("messages")))
         p = self._pending
+        if unknown:
+            p.continued = continued(conn, unknown)
         self._numbers.check(conn, p, sids)
         # a session known to have no step has no committed call (``Pending.fresh``)
         self._calls.prefetch(conn, p, [(s, m) for s, m in asks if p.tops.get(s) != -1])

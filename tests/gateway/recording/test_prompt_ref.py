@@ -12,6 +12,7 @@ prompt read back with the one the engine returned.
 from __future__ import annotations
 
 import random
+import struct
 import time
 import uuid
 from pathlib import Path
@@ -22,7 +23,7 @@ import pytest
 from sqlalchemy import Engine, func, select
 
 from gateway.export.load import Filter, trajectories
-from gateway.recording.prompt_ref import MIN_SHARED, Last, encode
+from gateway.recording.prompt_ref import MIN_SHARED, Encoded, Last, Template, encode
 from gateway.recording.records import ChoiceCapture, RawJson, StepRecord
 from gateway.recording.writer import StepWriter
 from gateway.store import queries
@@ -60,11 +61,15 @@ def record(
 
 
 def session(
-    rng: random.Random, name: str, steps_n: int
+    rng: random.Random,
+    name: str,
+    steps_n: int,
+    opening: list[int] = (),  # type: ignore[assignment]
 ) -> list[tuple[StepRecord, list[int] | None]]:
-    """(record, the prompt it carries) for one agent session."""
+    """(record, the prompt it carries) for one agent session; its history begins with some
+    of ``opening`` (one agent's system prompt and tools, shared by its sessions)."""
     out: list[tuple[StepRecord, list[int] | None]] = []
-    history = ids(rng, rng.randrange(1, 400))
+    history = list(opening[: rng.randrange(0, len(opening) + 1)]) + ids(rng, rng.randrange(1, 400))
     earlier: list[list[int]] = []
     for _ in range(steps_n):
         prompt = history + ids(rng, rng.randrange(0, 300))
@@ -114,7 +119,8 @@ def engine(tmp_path: Path) -> Engine:
 @pytest.mark.parametrize("seed", range(12))
 def test_every_reader_gets_back_the_prompt_the_engine_returned(engine, seed):
     rng = random.Random(seed)
-    sessions = [session(rng, f"s{k}", rng.randrange(5, 25)) for k in range(3)]
+    opening = ids(rng, 500)  # the first prompts of sessions share ids (``Template``)
+    sessions = [session(rng, f"s{k}", rng.randrange(5, 25), opening) for k in range(3)]
     # the sessions' steps interleave as concurrent agents' do
     merged = []
     while any(sessions):
@@ -198,6 +204,35 @@ def test_the_shared_part_ends_at_a_whole_id(last, new, shared, monkeypatch):
     packed = enc.ids or b""
     assert [int.from_bytes(packed[i : i + 4], "little", signed=True)
             for i in range(0, len(packed), 4)] == got[shared:]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("before", "now"),
+    [
+        ("[12,345,6]", "[12,345,6,7]"),  # all of the last one and more
+        ("[12,345,6,7]", "[12,345]"),  # a shorter prompt
+        ("[12,345,6]", "[12,3456,6]"),  # parting inside an id
+        ("[12,345,6]", "[12,345,7]"),
+        ("[12, 345, 6]", "[12, 345, 6, 8]"),  # spaced, as another server writes it
+        ("[12,345]", "[12, 345, 9]"),  # spaced unlike the last one
+        ("[9,345]", "[12,345]"),  # nothing shared
+        ("[]", "[1,2]"),
+        ("[1,2]", "[]"),
+    ],
+)
+def test_a_prompt_stored_whole_is_the_same_bytes_with_a_template(before, now, monkeypatch):
+    """A new session's prompt copies the packed ids it shares with the last prompt stored
+    whole; what is stored is what packing the whole prompt gives, and it is the next
+    prompt's template."""
+    monkeypatch.setattr("gateway.recording.prompt_ref.MIN_SHARED", 1)
+    template = Template()
+    for data in (before, now):
+        enc, made = encode(None, RawJson(data.encode()), template=template)
+        want = orjson.loads(data)
+        assert enc == Encoded(None, None, struct.pack(f"<{len(want)}i", *want))
+        assert made is not None and made.count == len(want)
+        assert template.last is not None and template.last.prompt == data.encode()
+        assert template.packed == enc.ids
 
 
 def test_a_prompt_continues_into_the_answer_it_extends():

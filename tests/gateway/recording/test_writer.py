@@ -41,10 +41,12 @@ def call(i: int) -> dict[str, Any]:
     }
 
 
-def loop(turns: int) -> list[StepRecord]:
+def loop(turns: int, task: str | None = None) -> list[StepRecord]:
     """An unnamed tool loop: each answer calls a tool; the next request carries the whole
-    history, every earlier result included; the last answer is text."""
-    messages: list[dict[str, Any]] = [SYSTEM, USER]
+    history, every earlier result included; the last answer is text. ``task``: the user's
+    message in place of the usual one."""
+    user = USER if task is None else {"role": "user", "content": task}
+    messages: list[dict[str, Any]] = [SYSTEM, user]
     records = []
     for i in range(turns):
         answer = (
@@ -331,3 +333,42 @@ def test_a_session_this_writer_wrote_whole_needs_no_lookups(engine):
     assert not [q for q in queries if "continuation_sha256 =" in q]
     assert not [q for q in queries if "tool_calls.result IS NULL" in q]
     assert [r[2] for r in tables(engine)["steps"]] == [False, True, True, True]
+
+
+def hashed(records: list[StepRecord]) -> list[StepRecord]:
+    """The records with the chain hashes the request path sends."""
+    for rec in records:
+        history = chain.History(rec.request["messages"])  # type: ignore[index]
+        rec.chain = ChainHashes(history.prefix(), [history.continuation(rec.choices[0].message)])
+    return records
+
+
+def test_unnamed_steps_find_their_sessions_in_one_statement_a_batch(engine):
+    """The steps of a batch that name no session and continue nothing cached here (a new
+    writer: every lookup misses its caches) are looked up together: one statement for
+    the batch, not one a step; and each finds the session its history continues."""
+    loops = [hashed(loop(3, f"task {n}")) for n in range(4)]
+    write(engine, [[lp[0] for lp in loops]])  # four sessions' first steps
+    queries: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *a: queries.append(a[2]))
+    write(engine, [[lp[i] for lp in loops for i in (1, 2)]])  # a new writer: caches empty
+    lookups = [q for q in queries if "steps.continuation_sha256" in q]
+    assert len(lookups) == 1 and " IN (" in lookups[0]
+    with engine.connect() as conn:
+        rows = conn.execute(select(steps.c.request_id, steps.c.session_id)).all()
+    by_request: dict[str, set[str]] = {}
+    for request_id, sid in rows:
+        by_request.setdefault(request_id, set()).add(sid)
+    assert len(rows) == 12 and len({sid for _, sid in rows}) == 4  # three steps a session
+    assert all(len(sids) == 4 for sids in by_request.values())
+
+
+def test_a_step_found_in_the_store_and_one_linked_in_its_batch_agree(engine):
+    """A batch's lookup reads the store before its steps; a step that continues one
+    written earlier in the same batch is found by the writer's own link instead."""
+    records = hashed(loop(4))
+    write(engine, [records[:2]])
+    write(engine, [records[2:]])  # a new writer: step 2 from the store, step 3 from step 2
+    got = tables(engine)
+    assert len(got["sessions"]) == 1
+    assert got["steps"] == [(i, f"req-{i}", False) for i in range(4)]
