@@ -118,15 +118,16 @@ def _whole_parsed(data: bytes, template: prompt_ref.Template | None) -> bytes:
 @contextmanager
 def as_it_was(was: bool) -> Iterator[None]:
     """The writer before #29's first-step changes: a lookup a step, whole prompts parsed."""
-    continued: Callable[..., Any] = writer.continued
+    continued: Callable[..., Any] = getattr(writer, "continued")  # noqa: B009 - patched below
     whole = prompt_ref._whole
     if was:
-        writer.continued = lambda conn, asks: {}  # type: ignore[assignment]
+        setattr(writer, "continued", lambda conn, asks: {})  # noqa: B010 - as it was
         prompt_ref._whole = _whole_parsed
     try:
         yield
     finally:
-        writer.continued, prompt_ref._whole = continued, whole  # type: ignore[assignment]
+        setattr(writer, "continued", continued)  # noqa: B010
+        prompt_ref._whole = whole
 
 
 def writer_us(url: str, framed: list[bytes], was: bool) -> float:
@@ -140,7 +141,9 @@ def writer_us(url: str, framed: list[bytes], was: bool) -> float:
         before = resource.getrusage(resource.RUSAGE_SELF)
         try:
             for frame in framed:
-                records = [to_record(d) for d in read_frame(io.BytesIO(frame))["records"]]
+                parsed = read_frame(io.BytesIO(frame))
+                assert parsed is not None
+                records = [to_record(d) for d in parsed["records"]]
                 with engine.begin() as conn:
                     w.write(conn, records)
                 steps += len(records)

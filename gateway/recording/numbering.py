@@ -36,10 +36,17 @@ class SessionNumbers:
         p.tops[sid] = -1
         self._top.put(sid, -1)
 
-    def check(self, conn: Connection, p: Pending, sids: set[str]) -> None:
+    def check(
+        self,
+        conn: Connection,
+        p: Pending,
+        sids: set[str],
+        found: set[str] | frozenset[str] = frozenset(),
+    ) -> None:
         """Read, in one statement, the last step number of the sessions in ``sids`` that
-        this writer remembers."""
-        known = sorted(s for s in sids if s in self._top)
+        this writer remembers, and of those in ``found`` (sessions with a committed step
+        that the batch's steps continue: what ``has_steps`` would read for each)."""
+        known = sorted({s for s in sids if s in self._top} | found)
         for sid, top in last_numbers(conn, known).items() if known else ():
             self._known(p, sid, top)
 

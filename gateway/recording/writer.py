@@ -278,12 +278,16 @@ class StepWriter:
         """Read, in one statement, the last step number of the sessions this batch's steps
         name (or continue, by a chain link cached here) and that this writer remembers;
         then, in one more, the open calls their tool messages may answer
-        (``ToolCalls.prefetch``). The continuation hashes of the steps that name no session
-        and are not cached here are read in one statement too (``batch.continued``): a
-        new session's first step would otherwise cost a query of its own."""
+        (``ToolCalls.prefetch``). Before them, the continuation hashes of the steps that
+        name no session and are not cached here are read in one statement too
+        (``batch.continued``): a new session's first step would otherwise cost a query of
+        its own, and a step that continues a session this writer does not remember (written
+        before a restart, or by another replica) three. The sessions found there join
+        both reads."""
         sids = set()
         asks: list[tuple[str, Any]] = []
         unknown: dict[str, set[str]] = {}
+        unlinked: list[StepRecord] = []
         for rec in records:
             if not isinstance(rec, StepRecord):
                 continue
@@ -295,15 +299,25 @@ class StepWriter:
                 sid = None if hit is None else str(hit)
                 if sid is None:
                     unknown.setdefault(rec.tenant, set()).add(rec.chain.prefix)
+                    unlinked.append(rec)
             if sid is None:
                 continue
             sids.add(sid)
             if rec.endpoint == "chat" and isinstance(rec.request, dict):
                 asks.append((sid, rec.request.get("messages")))
         p = self._pending
+        found: set[str] = set()
         if unknown:
             p.continued = continued(conn, unknown)
-        self._numbers.check(conn, p, sids)
+            for rec in unlinked:
+                assert rec.chain is not None and rec.chain.prefix is not None
+                sid = p.continued.get((rec.tenant, rec.chain.prefix))
+                if sid is None:
+                    continue
+                found.add(sid)
+                if rec.endpoint == "chat" and isinstance(rec.request, dict):
+                    asks.append((sid, rec.request.get("messages")))
+        self._numbers.check(conn, p, sids, found)
         # a session known to have no step has no committed call (``Pending.fresh``)
         self._calls.prefetch(conn, p, [(s, m) for s, m in asks if p.tops.get(s) != -1])
 
