@@ -68,7 +68,11 @@ def ensure_litellm() -> Path:
     return exe
 
 
-def gearshift_config(tmp: Path, port: int, mock_url: str, operator: bool) -> str:
+def gearshift_config(
+    tmp: Path, port: int, mock_url: str, operator: bool, store_options: str = ""
+) -> str:
+    """``store_options``: more of the operator's ``store`` section, e.g. ``writer_idle:
+    false`` (YAML flow-mapping entries)."""
     digest = hashlib.sha256(KEY.encode()).hexdigest()
     config = (
         f"port: {port}\n"
@@ -79,7 +83,8 @@ def gearshift_config(tmp: Path, port: int, mock_url: str, operator: bool) -> str
     if operator:  # the defaults, with the store's files where this run can delete them
         return config + (
             f"store: {{enabled: true, url: 'sqlite:///{tmp}/trajectories.db', "
-            f"dead_letter_path: '{tmp}/dead-letter.jsonl'}}\n"
+            f"dead_letter_path: '{tmp}/dead-letter.jsonl'"
+            f"{', ' + store_options if store_options else ''}}}\n"
             "sandbox: {enabled: true}\n"
         )
     # Like for like with LiteLLM, which records nothing and runs no tools.
@@ -88,14 +93,14 @@ def gearshift_config(tmp: Path, port: int, mock_url: str, operator: bool) -> str
 
 def start_gearshift(
     tmp: Path, mock_url: str, name: str, operator: bool, probe: Path | None = None,
-    wrap: tuple[str, Path] | None = None,
+    wrap: tuple[str, Path] | None = None, store_options: str = "",
 ) -> Target:  # fmt: skip
     """``probe``: run it under bench.stall_probe, its events appended to this file;
     ``wrap``: under another such module (``python -m MODULE FILE -- serve ...``, e.g.
     bench.stage_sampler), given this file."""
     port = free_port()
     config = tmp / f"{name}.yaml"
-    config.write_text(gearshift_config(tmp, port, mock_url, operator))
+    config.write_text(gearshift_config(tmp, port, mock_url, operator, store_options))
     gearshift = [str(Path(sys.executable).with_name("gearshift"))]
     if probe is not None:
         wrap = ("bench.stall_probe", probe)

@@ -272,6 +272,12 @@ class StoreSettings(Section):
         description="scheduling niceness of the writer process: on a busy core requests run "
         "first and the queue absorbs the delay",
     )
+    writer_idle: bool = Field(
+        default=True,
+        description="run the writer at idle priority (SCHED_IDLE) while it is served: on a "
+        "core it shares with the gateway it never delays a request; a writer starved there "
+        "by other work is restarted at writer_nice (gearshift_recorder_writer_starved_total)",
+    )
     on_full: Literal["wait", "drop"] = Field(
         default="wait",
         description="wait: hold the request up to wait_s for room, then drop; drop: drop at once. "

@@ -182,6 +182,12 @@ class Metrics:
         self.recorder_retries = Counter(
             "gearshift_recorder_retries", "Store writes retried after a lost connection", registry=r
         )
+        self.recorder_writer_starved = Counter(
+            "gearshift_recorder_writer_starved",
+            "Writers restarted at normal priority after starving at idle priority "
+            "(store.writer_idle: the writer's core was kept busy by other work)",
+            registry=r,
+        )
         self.recorder_batch = Histogram(
             "gearshift_recorder_batch_steps", "Steps per committed batch",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r,

@@ -42,7 +42,9 @@ from sqlalchemy import Connection, Engine
 
 from gateway.config import StoreSettings
 from gateway.metrics import Metrics
+from gateway.recording import writer_priority
 from gateway.recording.records import StepRecord, ToolResultRecord
+from gateway.recording.writer_priority import WATCH_S, IdleSchedule, StarvationWatch
 from gateway.recording.writer_process import HEADER, Record, encode, encode_step
 from gateway.store.database import make_engine, prepare_schema
 
@@ -119,6 +121,9 @@ class Recorder:
         self._carry: bytes | _Op | None = None  # taken from the queue, first of the next batch
         self._closing = False
         self._dropped_logged_at = 0.0
+        self._idle = IdleSchedule(settings.writer_idle, settings.writer_nice)
+        self._watch: asyncio.Task[None] | None = None
+        self._rescuing = False  # the writer was killed for starving, not lost
 
     @property
     def writer_pid(self) -> int | None:
@@ -132,6 +137,14 @@ class Recorder:
         self.engine = await loop.run_in_executor(self._thread, make_engine, s.url)
         await self._spawn()
         self._task = asyncio.create_task(self._consume(), name="recorder")
+        if self._idle.enabled:
+            self._watch = asyncio.create_task(self._watch_writer(), name="recorder-watch")
+        elif s.writer_idle:
+            log.info(
+                "recorder: the writer runs at niceness %d, not idle priority (this process "
+                "could not bring it back if it starved: no CAP_SYS_NICE, or no schedstat)",
+                s.writer_nice,
+            )  # fmt: skip
 
     async def _spawn(self) -> None:
         s = self.settings
@@ -147,6 +160,9 @@ class Recorder:
     async def close(self) -> None:
         """Stop taking work, write everything queued, stop the writer, release the database."""
         self._closing = True
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
         if self._task is not None:
             done = asyncio.get_running_loop().create_future()
             await self._queue.put(_Op(lambda conn: None, done))
@@ -352,7 +368,9 @@ class Recorder:
                 break
             except WriterGone as exc:
                 self.metrics.recorder_retries.inc()
-                log.error("recorder: writer process failed (%s); restarting it", exc)
+                if not self._rescuing:
+                    log.error("recorder: writer process failed (%s); restarting it", exc)
+                self._rescuing = False
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 await self._spawn()
@@ -362,6 +380,41 @@ class Recorder:
             self.metrics.recorder_dropped.labels("write_failed").inc(ack["dead"])
         self.metrics.recorder_batch.observe(len(records))
         self.metrics.recorder_commit.observe(ack["seconds"])
+
+    async def _watch_writer(self) -> None:
+        """Keep the writer at idle priority while it is served; bring back one that
+        starves there (gateway.recording.writer_priority)."""
+        watch = StarvationWatch()
+        rescued: int | None = None  # a writer killed for starving, until it is gone
+        while True:
+            await asyncio.sleep(WATCH_S)
+            proc = self._proc
+            if proc is None or proc.returncode is not None or proc.pid == rescued:
+                continue
+            try:
+                if self._idle.due() and not writer_priority.is_idle(proc.pid):
+                    writer_priority.set_idle(proc.pid)
+                if not watch.starved(proc.pid):
+                    continue
+                cooldown = self._idle.rescued()
+                self.metrics.recorder_writer_starved.inc()
+                if writer_priority.set_normal(proc.pid):
+                    # what a saturated core does to it: expected under load, not a fault
+                    log.info(
+                        "recorder: the writer starved at idle priority (its core is busy); "
+                        "at niceness %d for %.0fs", self.settings.writer_nice, cooldown,
+                    )  # fmt: skip
+                    continue
+                log.warning(
+                    "recorder: the writer starved at idle priority and could not be brought "
+                    "back; restarting it at niceness %d (idle again in %.0fs)",
+                    self.settings.writer_nice, cooldown,
+                )  # fmt: skip
+                rescued, self._rescuing = proc.pid, True
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()  # it dies when it next gets the CPU
+            except Exception:  # a bug here must not end the watch, nor the recorder
+                log.exception("recorder: watching the writer's priority failed")
 
     async def _exchange(self, frame: bytes) -> dict[str, Any]:
         proc = self._proc

@@ -49,6 +49,8 @@ def run_quick(name: str, *extra: str, timeout_s: float) -> dict[str, object]:
         ("writer_first_steps", (), 120),
         # one operator gateway, two cells of 100 agent-body requests at concurrency 1
         ("c1_stalls", (), 300),
+        # two operator gateways (writer at idle priority / at niceness 10), one round
+        ("writer_priority", (), 300),
         ("stream_relay", (), 60),
         ("http_clients", (), 120),
         ("router_latency", (), 120),
