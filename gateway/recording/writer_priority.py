@@ -71,24 +71,24 @@ def may_raise(nice: int) -> bool:
         return False
 
 
-def set_idle(pid: int) -> bool:
-    """Put ``pid``'s main thread at ``SCHED_IDLE`` (anyone may lower a process of their
-    own so); False where that cannot be done."""
+def _set_policy(pid: int, policy: str) -> bool:
     try:
-        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+        os.sched_setscheduler(pid, getattr(os, policy), os.sched_param(0))
     except (AttributeError, OSError):
         return False
     return True
+
+
+def set_idle(pid: int) -> bool:
+    """Put ``pid``'s main thread at ``SCHED_IDLE`` (anyone may lower a process of their
+    own so); False where that cannot be done."""
+    return _set_policy(pid, "SCHED_IDLE")
 
 
 def set_normal(pid: int) -> bool:
     """Bring ``pid``'s main thread back to ``SCHED_OTHER`` at its niceness: only with
     ``CAP_SYS_NICE`` (or an ``RLIMIT_NICE`` that allows it); False otherwise."""
-    try:
-        os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
-    except (AttributeError, OSError):
-        return False
-    return True
+    return _set_policy(pid, "SCHED_OTHER")
 
 
 def is_idle(pid: int) -> bool:
