@@ -23,6 +23,7 @@ unacknowledged batch is sent again, as after any writer death).
 from __future__ import annotations
 
 import os
+import resource
 import time
 from pathlib import Path
 
@@ -52,7 +53,8 @@ def cpu_state(pid: int) -> tuple[int, bool] | None:
 
 def can_go_idle() -> bool:
     """Whether a writer here may run at idle priority: the policy exists and the
-    recorder can see a process wait for a core (this one's, as a sample)."""
+    recorder can see how much a process ran and whether it is runnable (this one's, as a
+    sample)."""
     return hasattr(os, "SCHED_IDLE") and cpu_state(os.getpid()) is not None
 
 
@@ -60,15 +62,23 @@ def may_raise(nice: int) -> bool:
     """Whether this process may bring a process of its own back from idle priority to
     ``nice``: with ``CAP_SYS_NICE`` (root, or granted), or an ``RLIMIT_NICE`` that allows
     that niceness (the kernel treats idle priority as below every niceness)."""
+    if _has_cap_sys_nice():
+        return True
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("CapEff:") and int(line.split()[1], 16) >> CAP_SYS_NICE & 1:
-                return True
-        import resource
-
-        return resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20 - nice
+        limit = resource.getrlimit(resource.RLIMIT_NICE)[0]
     except (OSError, ValueError, AttributeError):
         return False
+    return limit == resource.RLIM_INFINITY or limit >= 20 - nice
+
+
+def _has_cap_sys_nice() -> bool:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> CAP_SYS_NICE & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def _set_policy(pid: int, policy: str) -> bool:

@@ -159,6 +159,18 @@ def test_the_cool_down_doubles_only_for_a_writer_that_starves_again_soon(monkeyp
     assert not IdleSchedule(enabled=False, nice=10).due()
 
 
+def test_bringing_a_writer_back_takes_cap_sys_nice_or_a_nice_limit(monkeypatch):
+    import resource
+
+    monkeypatch.setattr(writer_priority, "_has_cap_sys_nice", lambda: True)
+    assert writer_priority.may_raise(10)
+    monkeypatch.setattr(writer_priority, "_has_cap_sys_nice", lambda: False)
+    for limit, nice, allowed in [(0, 10, False), (9, 10, False), (10, 10, True), (1, 19, True),
+                                 (resource.RLIM_INFINITY, 0, True)]:  # fmt: skip
+        monkeypatch.setattr(resource, "getrlimit", lambda which, limit=limit: (limit, limit))
+        assert writer_priority.may_raise(nice) is allowed, (limit, nice)
+
+
 def test_the_writer_stays_at_its_niceness_where_it_could_not_be_brought_back(monkeypatch):
     monkeypatch.setattr(writer_priority, "may_raise", lambda nice: False)
     assert not IdleSchedule(enabled=True, nice=10).due()
