@@ -115,16 +115,21 @@ def start_gearshift(
     return Target(name, base + "/v1/chat/completions", "auto", proc, KEY, log, metrics)
 
 
-def recorder_done(metrics_url: str) -> float:
-    """Steps the gateway's recorder has written or given up on, from its /metrics."""
-    done = 0.0
+def metric_sum(metrics_url: str, names: tuple[str, ...]) -> float:
+    """The sum of the samples of ``names`` (every label set) in a gateway's /metrics."""
+    total = 0.0
     with urllib.request.urlopen(metrics_url, timeout=120) as resp:
         for line in resp.read().decode().splitlines():
-            if line.startswith(
-                ("gearshift_recorder_written_total", "gearshift_recorder_dropped_total")
-            ):
-                done += float(line.rsplit(" ", 1)[1])
-    return done
+            if line.startswith(names):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def recorder_done(metrics_url: str) -> float:
+    """Steps the gateway's recorder has written or given up on, from its /metrics."""
+    return metric_sum(
+        metrics_url, ("gearshift_recorder_written_total", "gearshift_recorder_dropped_total")
+    )
 
 
 def drain(target: Target, expected: float, timeout_s: float = 600, idle_s: float = 5) -> float:

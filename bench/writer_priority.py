@@ -26,7 +26,6 @@ import json
 import statistics
 import sys
 import tempfile
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ import orjson
 from bench.agent_body import agent_body
 from bench.gateway_overhead import loadgen
 from bench.procs import pinned, start, stop, wait_http
-from bench.proxies import CLIENT_CORE, Target, free_port, start_gearshift
+from bench.proxies import CLIENT_CORE, Target, free_port, metric_sum, start_gearshift
 
 ARMS = {"idle": "", "nice": "writer_idle: false"}
 
@@ -54,11 +53,7 @@ def starved(target: Target) -> float:
     """How often the gateway's recorder brought its starved writer back from idle
     priority (``gearshift_recorder_writer_starved_total``)."""
     assert target.metrics is not None
-    with urllib.request.urlopen(target.metrics, timeout=60) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith("gearshift_recorder_writer_starved_total"):
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return metric_sum(target.metrics, ("gearshift_recorder_writer_starved_total",))
 
 
 def main() -> None:

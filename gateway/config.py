@@ -276,7 +276,8 @@ class StoreSettings(Section):
         default=True,
         description="run the writer at idle priority (SCHED_IDLE) while it is served: on a "
         "core it shares with the gateway it never delays a request; a writer starved there "
-        "by other work is restarted at writer_nice (gearshift_recorder_writer_starved_total)",
+        "(the core kept busy) is brought back to writer_nice for a cool-down "
+        "(gearshift_recorder_writer_starved_total); needs CAP_SYS_NICE, else writer_nice",
     )
     on_full: Literal["wait", "drop"] = Field(
         default="wait",

@@ -184,8 +184,8 @@ class Metrics:
         )
         self.recorder_writer_starved = Counter(
             "gearshift_recorder_writer_starved",
-            "Writers restarted at normal priority after starving at idle priority "
-            "(store.writer_idle: the writer's core was kept busy by other work)",
+            "Writers brought back to store.writer_nice after starving at idle priority "
+            "(store.writer_idle: the writer's core was kept busy, by this gateway or other work)",
             registry=r,
         )
         self.recorder_batch = Histogram(
