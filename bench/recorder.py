@@ -196,7 +196,7 @@ def agent_sessions(url: str, sessions: int, prompt_cache_mb: float) -> dict[str,
     from gateway.recording.cut import as_written, cut_prompt_ids
     from gateway.recording.records import ChainHashes, ChoiceCapture, RawJson, StepRecord
     from gateway.recording.writer import StepWriter
-    from gateway.recording.writer_process import encode, encode_step, read_frame, to_record
+    from gateway.recording.writer_process import encode_batch, encode_step, read_batch
     from gateway.store import chain
     from gateway.store.database import make_engine, upgrade
     from gateway.store.schema import steps
@@ -242,16 +242,15 @@ def agent_sessions(url: str, sessions: int, prompt_cache_mb: float) -> dict[str,
     # before this change got the ids as an array of ints in the frame
     encode_one = encode_step if prompt_cache_mb else lambda r: orjson.dumps(r, default=as_written)
     frames = [
-        encode(
-            {"batch": i, "records": [orjson.Fragment(encode_one(r)) for r in built[at : at + 64]]}
-        )
+        encode_batch(i, False, [encode_one(r) for r in built[at : at + 64]])
         for i, at in enumerate(range(0, len(built), 64))
     ]
     started = time.process_time()
     for frame in frames:  # what the writer process does with each frame
-        parsed = read_frame(io.BytesIO(frame))
+        batch = read_batch(io.BytesIO(frame))
+        assert batch is not None
         with engine.begin() as conn:
-            writer.write(conn, [to_record(d) for d in parsed["records"]])
+            writer.write(conn, batch[1])
     cpu = time.process_time() - started
     with engine.connect() as conn:
         stored = conn.execute(select(func.sum(func.length(steps.c.prompt_token_ids)))).scalar()

@@ -32,7 +32,7 @@ from sqlalchemy import Engine, insert
 from bench.agent_body import session_bodies
 from gateway.recording.records import ChoiceCapture, RawJson, StepRecord
 from gateway.recording.writer import StepWriter
-from gateway.recording.writer_process import encode, encode_step, read_frame, to_record
+from gateway.recording.writer_process import Record, encode_batch, encode_step, read_batch
 from gateway.store import chain
 from gateway.store.database import make_engine, upgrade
 from gateway.store.rows import insert_ignore
@@ -81,9 +81,15 @@ def frames(sessions: list[list[tuple[list[Any], dict[str, Any], bytes]]], tag: s
                 )
             )
     return [
-        encode({"batch": i, "records": [orjson.Fragment(encode_step(r)) for r in records[at : at + 64]]})
+        encode_batch(i, False, [encode_step(r) for r in records[at : at + 64]])
         for i, at in enumerate(range(0, len(records), 64))
     ]  # fmt: skip
+
+
+def _records(frame: bytes) -> list[Record]:
+    batch = read_batch(io.BytesIO(frame))
+    assert batch is not None
+    return batch[1]
 
 
 def writer_us(engine: Engine, framed: list[bytes], history_cache_mb: float) -> float:
@@ -91,7 +97,7 @@ def writer_us(engine: Engine, framed: list[bytes], history_cache_mb: float) -> f
     writer = StepWriter(history_cache_mb=history_cache_mb)
     count, started = 0, time.process_time()
     for frame in framed:
-        records = [to_record(d) for d in read_frame(io.BytesIO(frame))["records"]]
+        records = _records(frame)
         with engine.begin() as conn:
             writer.write(conn, records)
         count += len(records)
@@ -199,7 +205,7 @@ def lookup_ab(tmp: Path, quick: bool) -> dict[str, Any]:
         gc.disable()
         before = resource.getrusage(resource.RUSAGE_SELF)
         for frame in framed:
-            records = [to_record(d) for d in read_frame(io.BytesIO(frame))["records"]]
+            records = _records(frame)
             with engine.begin() as conn:
                 writer.write(conn, records)
             steps += len(records)

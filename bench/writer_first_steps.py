@@ -57,7 +57,7 @@ from gateway.recording import prompt_ref, writer
 from gateway.recording.cut import cut_prompt_ids
 from gateway.recording.records import ChainHashes, ChoiceCapture, RawJson, StepRecord
 from gateway.recording.writer import StepWriter
-from gateway.recording.writer_process import encode, encode_step, read_frame, to_record
+from gateway.recording.writer_process import encode_batch, encode_step, read_batch
 from gateway.store import chain
 from gateway.store.database import make_engine, upgrade
 
@@ -105,7 +105,7 @@ def first_steps(mix: str, count: int) -> list[StepRecord]:
 
 def frames(records: list[StepRecord]) -> list[bytes]:
     return [
-        encode({"batch": i, "records": [orjson.Fragment(encode_step(r)) for r in records[at : at + 64]]})
+        encode_batch(i, False, [encode_step(r) for r in records[at : at + 64]])
         for i, at in enumerate(range(0, len(records), 64))
     ]  # fmt: skip
 
@@ -141,9 +141,9 @@ def writer_us(url: str, framed: list[bytes], was: bool) -> float:
         before = resource.getrusage(resource.RUSAGE_SELF)
         try:
             for frame in framed:
-                parsed = read_frame(io.BytesIO(frame))
-                assert parsed is not None
-                records = [to_record(d) for d in parsed["records"]]
+                batch = read_batch(io.BytesIO(frame))
+                assert batch is not None
+                records = batch[1]
                 with engine.begin() as conn:
                     w.write(conn, records)
                 steps += len(records)

@@ -45,7 +45,7 @@ from gateway.metrics import Metrics
 from gateway.recording import writer_priority
 from gateway.recording.records import StepRecord, ToolResultRecord
 from gateway.recording.writer_priority import WATCH_S, IdleSchedule, StarvationWatch
-from gateway.recording.writer_process import HEADER, Record, encode, encode_step
+from gateway.recording.writer_process import HEADER, Record, batch_body, encode, encode_step
 from gateway.store.database import make_engine, prepare_schema
 
 log = logging.getLogger(__name__)
@@ -68,18 +68,6 @@ def _lower_priority() -> None:
 
 def _bytes(item: bytes | _Op) -> int:
     return len(item) if isinstance(item, bytes) else 0
-
-
-def _frame(batch: int, resend: bool, records: list[bytes]) -> bytes:
-    """A batch frame's body (``writer_process``'s format, what ``encode`` would give) from
-    records already encoded: joined, not re-serialized, so one copy of their bytes."""
-    parts = [b'{"batch":%d,"resend":%s,"records":[' % (batch, b"true" if resend else b"false")]
-    for i, rec in enumerate(records):
-        if i:
-            parts.append(b",")
-        parts.append(rec)
-    parts.append(b"]}")
-    return b"".join(parts)
 
 
 class RecorderClosed(Exception):
@@ -364,7 +352,7 @@ class Recorder:
         delay = 0.1
         while True:
             try:
-                ack = await self._exchange(_frame(self._batch, resend, records))
+                ack = await self._exchange(batch_body(self._batch, resend, records))
                 break
             except WriterGone as exc:
                 self.metrics.recorder_retries.inc()

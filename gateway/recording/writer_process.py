@@ -5,13 +5,19 @@ rows, every request waiting on the event loop paid for it in latency (measured:
 engine-bound throughput fell to 0.88 of no recording, streams to 0.86;
 docs/decisions/recorder-process.md). Here the gateway only serializes records.
 
-Wire: frames on stdin/stdout, each a 4-byte big-endian length and an orjson body.
-The first frame configures the writer (on stdin, not argv, so that a database
-password never shows in the process list):
+Wire: frames on stdin/stdout, each a 4-byte big-endian length and a body. The first
+frame configures the writer (on stdin, not argv, so that a database password never shows
+in the process list); its body and the acknowledgements' are one orjson object each:
 
     gateway -> writer  {"url": ..., "dead_letter": ..., "cpus": [..] | null, "hooks": [..]}
-    gateway -> writer  {"batch": N, "resend": bool, "records": [StepRecord | ToolResultRecord, ...]}
+    gateway -> writer  batch: {"batch": N, "resend": bool, "records": n}, then n records
     writer -> gateway  {"batch": N, "written": n, "dead": m, "seconds": s}
+
+A batch frame's body is parts, each behind its own 4-byte length: the object above, then
+each record (a StepRecord or ToolResultRecord as ``encode_step`` wrote it). The writer
+parses the records one by one: parsing a whole batch as one document (64 agent steps,
+~6 MB) made orjson take a working buffer larger than the allocator keeps for reuse, ~1,800
+page faults every batch (docs/decisions/writer-batch-frames.md).
 
 The acknowledgement is sent after the commit, so an acknowledged record is on
 disk. A batch resent after a writer crash may already be committed: its records
@@ -30,7 +36,7 @@ import os
 import struct
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -64,6 +70,55 @@ def encode(message: Any) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
+def batch_body(batch: int, resend: bool, records: Sequence[bytes]) -> bytes:
+    """A batch frame's body from records already encoded (``encode_step``): joined, not
+    re-serialized, so one copy of their bytes."""
+    head = b'{"batch":%d,"resend":%s,"records":%d}' % (
+        batch, b"true" if resend else b"false", len(records)
+    )  # fmt: skip
+    parts = [HEADER.pack(len(head)), head]
+    for rec in records:
+        parts += (HEADER.pack(len(rec)), rec)
+    return b"".join(parts)
+
+
+def encode_batch(batch: int, resend: bool, records: Sequence[bytes]) -> bytes:
+    """A whole batch frame, its length first."""
+    body = batch_body(batch, resend, records)
+    return HEADER.pack(len(body)) + body
+
+
+def split_batch(body: bytes) -> tuple[dict[str, Any], list[memoryview]]:
+    """A batch frame's body: its header object and its records' bytes, unparsed."""
+    view = memoryview(body)
+    parts: list[memoryview] = []
+    at = 0
+    while at < len(view):
+        if at + HEADER.size > len(view):
+            raise ValueError("a batch frame ends inside a part's length")
+        (size,) = HEADER.unpack_from(view, at)
+        at += HEADER.size
+        if at + size > len(view):
+            raise ValueError("a batch frame ends inside a part")
+        parts.append(view[at : at + size])
+        at += size
+    if not parts:
+        raise ValueError("an empty batch frame")
+    head = orjson.loads(parts[0])
+    if not isinstance(head, dict) or head.get("records") != len(parts) - 1:
+        raise ValueError(f"a batch frame's header does not match its {len(parts) - 1} records")
+    return head, parts[1:]
+
+
+def read_batch(stream: BinaryIO) -> tuple[dict[str, Any], list[Record]] | None:
+    """The next batch frame: its header object and its records; None at the end of input."""
+    body = read_body(stream)
+    if body is None:
+        return None
+    head, parts = split_batch(body)
+    return head, [to_record(orjson.loads(part)) for part in parts]
+
+
 def encode_step(rec: Record) -> bytes:
     """A record as its entry in a batch frame (``orjson.Fragment`` of it), encoded once
     when it is offered: the queue then holds bytes, which the collector never walks,
@@ -85,6 +140,13 @@ def _in_frame(value: object) -> orjson.Fragment:
 
 
 def read_frame(stream: BinaryIO) -> Any | None:
+    """The next frame's body parsed as one JSON document; None at the end of input."""
+    body = read_body(stream)
+    return None if body is None else orjson.loads(body)
+
+
+def read_body(stream: BinaryIO) -> bytes | None:
+    """The next frame's body; None at the end of input."""
     head = stream.read(HEADER.size)
     if len(head) < HEADER.size:
         return None
@@ -94,7 +156,7 @@ def read_frame(stream: BinaryIO) -> Any | None:
     body = stream.read(size)
     if len(body) < size:
         return None
-    return orjson.loads(body)
+    return body
 
 
 def to_record(d: dict[str, Any]) -> StepRecord | ToolResultRecord:
@@ -202,15 +264,15 @@ def serve(url: str, dead_letter: Path, hooks: list[str], stdin: BinaryIO, stdout
     gc.disable()
     written_batches = 0
     try:
-        while (frame := read_frame(stdin)) is not None:
+        while (batch := read_batch(stdin)) is not None:
             started = time.perf_counter()
-            records = [to_record(d) for d in frame["records"]]
-            written, dead = batches.write(records, bool(frame.get("resend")))
-            ack = {"batch": frame["batch"], "written": written, "dead": dead,
+            head, records = batch
+            written, dead = batches.write(records, bool(head.get("resend")))
+            ack = {"batch": head["batch"], "written": written, "dead": dead,
                    "seconds": time.perf_counter() - started}  # fmt: skip
             stdout.write(encode(ack))
             stdout.flush()
-            del records, frame
+            del records, batch
             written_batches += 1
             gc.collect(2 if written_batches % FULL_COLLECTION_EVERY == 0 else 0)
     finally:

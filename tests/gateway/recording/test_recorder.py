@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import signal
 import time
@@ -10,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import orjson
+import pytest
 from sqlalchemy import func, select, text
 
 from gateway.config import StoreSettings
@@ -275,13 +277,40 @@ async def test_a_backlog_of_large_steps_goes_in_frames_of_about_batch_mb(tmp_pat
     await r.close()
 
 
-def test_a_frame_joined_from_encoded_steps_is_what_encode_would_send():
-    from gateway.recording.recorder import _frame
-    from gateway.recording.writer_process import encode, encode_step
+def test_a_batch_frame_carries_each_record_as_encoded_and_splits_back():
+    from gateway.recording.writer_process import (
+        batch_body,
+        encode_batch,
+        encode_step,
+        read_batch,
+        split_batch,
+    )  # fmt: skip
 
     records = [encode_step(rec(content=c)) for c in ("a", 'é\n"', "x" * 1000)]
     for batch, resend in ((1, False), (73, True)):
-        whole = encode({"batch": batch, "resend": resend,
-                        "records": [orjson.Fragment(x) for x in records]})  # fmt: skip
-        assert whole[4:] == _frame(batch, resend, records)
-    assert orjson.loads(_frame(2, False, [])) == {"batch": 2, "resend": False, "records": []}
+        body = batch_body(batch, resend, records)
+        head, parts = split_batch(body)
+        assert head == {"batch": batch, "resend": resend, "records": 3}
+        assert [bytes(p) for p in parts] == records  # the bytes as encoded, not re-serialized
+        read = read_batch(io.BytesIO(encode_batch(batch, resend, records)))
+        assert read is not None and read[0] == head
+        assert [r.request for r in read[1]] == [orjson.loads(x)["request"] for x in records]
+    assert split_batch(batch_body(2, False, [])) == (
+        {"batch": 2, "resend": False, "records": 0},
+        [],
+    )
+    assert read_batch(io.BytesIO(b"")) is None
+
+
+@pytest.mark.parametrize("cut", [1, 5, 9])
+def test_a_batch_frame_cut_short_or_miscounted_is_refused(cut):
+    from gateway.recording.writer_process import HEADER, batch_body, encode_step, split_batch
+
+    body = batch_body(4, False, [encode_step(rec(content="a")), encode_step(rec(content="b"))])
+    with pytest.raises(ValueError):
+        split_batch(body[:-cut])
+    head = b'{"batch":4,"resend":false,"records":3}'  # says three, carries none
+    with pytest.raises(ValueError):
+        split_batch(HEADER.pack(len(head)) + head)
+    with pytest.raises(ValueError):
+        split_batch(b"")

@@ -26,7 +26,7 @@ from sqlalchemy import Engine, select
 
 from gateway.recording.records import ChoiceCapture, StepRecord
 from gateway.recording.writer import StepWriter
-from gateway.recording.writer_process import encode, encode_step, read_frame
+from gateway.recording.writer_process import encode, encode_batch, encode_step, read_frame
 from gateway.store import prompt_refs
 from gateway.store.database import make_engine, upgrade
 from gateway.store.rows import session_key
@@ -97,8 +97,9 @@ class WriterProcess:
 
     def write(self, records: list[StepRecord]) -> None:
         self.batches += 1
-        frags = [orjson.Fragment(encode_step(r)) for r in records]
-        self.send({"batch": self.batches, "resend": False, "records": frags})
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(encode_batch(self.batches, False, [encode_step(r) for r in records]))
+        self.proc.stdin.flush()
         assert self.proc.stdout is not None
         ack = read_frame(self.proc.stdout)
         assert ack is not None and (ack["written"], ack["dead"]) == (len(records), 0), ack
