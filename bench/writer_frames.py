@@ -2,13 +2,14 @@
 JSON document (#29).
 
 A batch frame used to be one JSON object holding every record; the writer parsed it with
-one ``orjson.loads``. For 64 agent-sized steps (~6 MB) orjson takes a working buffer of
-several times the document's size, larger than glibc keeps for reuse, so the kernel maps
-it in again every batch: ~1,800 page faults a frame (28 a step). Now each record stands
+one ``orjson.loads``. For a frame of agent-sized steps (4 MB, the default bound) orjson
+takes a working buffer larger than glibc keeps for reuse, so the kernel maps it in again
+every batch: over a thousand page faults a frame. Now each record stands
 behind its own length in the frame (``writer_process.batch_body``) and is parsed on its own.
 
 Here both formats carry the same records (``bench.writer_first_steps``' mixes of first
-steps: ``identical``, ``opening``, ``none``; 512 steps in frames of 64) into a new SQLite
+steps: ``identical``, ``opening``, ``none``; 512 steps in frames cut as the recorder cuts
+them, at 4 MB by default: ~40 agent steps) into a new SQLite
 database each time, in alternating order, in this process: the writer's CPU-µs a step
 (user + system, parse to commit, as the writer process runs it: the collector off during a
 batch, a young collection after it) and its page faults a step.
@@ -34,6 +35,7 @@ from typing import Any
 import orjson
 
 from bench.writer_first_steps import MIXES, first_steps
+from gateway.config import StoreSettings
 from gateway.recording.records import StepRecord
 from gateway.recording.writer import StepWriter
 from gateway.recording.writer_process import (
@@ -48,9 +50,24 @@ from gateway.store.database import make_engine, upgrade
 FORMATS = ("whole", "by_record")
 
 
+def batches(encoded: list[bytes]) -> list[list[bytes]]:
+    """Cut as the recorder cuts a batch: at ``store.batch_size`` steps or ``store.batch_mb``
+    (the defaults: 256, 4 MB: ~40 agent steps)."""
+    store = StoreSettings()
+    out: list[list[bytes]] = [[]]
+    size = 0
+    for rec in encoded:
+        full = len(out[-1]) >= store.batch_size or size + len(rec) > store.batch_mb * 1_000_000
+        if out[-1] and full:
+            out.append([])
+            size = 0
+        out[-1].append(rec)
+        size += len(rec)
+    return out
+
+
 def framed(records: list[StepRecord], kind: str) -> list[bytes]:
-    encoded = [encode_step(r) for r in records]
-    chunks = [encoded[at : at + 64] for at in range(0, len(encoded), 64)]
+    chunks = batches([encode_step(r) for r in records])
     if kind == "by_record":
         return [encode_batch(i, False, chunk) for i, chunk in enumerate(chunks)]
     return [  # the format before: one JSON object, the records an array in it

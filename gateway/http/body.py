@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.requests import Request
 
 from gateway.errors import InvalidRequest, PayloadTooLarge
@@ -43,6 +43,17 @@ def validated(data: dict[str, Any], model: type[M]) -> M:
     """``data`` as ``model``, or a 400 naming the first problem and its parameter."""
     try:
         return model.model_validate(data)
+    except ValidationError as exc:
+        message, param = describe(exc)
+        raise InvalidRequest(message, param=param) from None
+
+
+def checked(data: dict[str, Any], shape: TypeAdapter[Any]) -> None:
+    """Nothing when ``data`` has ``shape`` (a wire TypedDict's adapter,
+    ``gateway.http.protocol.REQUESTS``), else a 400 naming the first problem and its
+    parameter, as ``validated`` does."""
+    try:
+        shape.validate_python(data)
     except ValidationError as exc:
         message, param = describe(exc)
         raise InvalidRequest(message, param=param) from None

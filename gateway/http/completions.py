@@ -12,22 +12,12 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.errors import GatewayError
 from gateway.http.body import read_json_raw
-from gateway.http.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    SamplingFields,
-    note_unknown_fields,
-)
+from gateway.http.protocol import REQUESTS, note_unknown_fields
 from gateway.http.session_validation import SessionValidator
 from gateway.pipeline.handler import CompletionPipeline
 from gateway.pipeline.request import ParsedRequest, RequestIdentity
 from gateway.pipeline.services import Services
 from router import Endpoint
-
-VALIDATORS: dict[Endpoint, type[SamplingFields]] = {
-    "chat": ChatCompletionRequest,
-    "completions": CompletionRequest,
-}
 
 
 class Completions:
@@ -57,7 +47,7 @@ class Completions:
         raw, body = await read_json_raw(request, self.services.settings.limits.max_body_bytes)
         session_id = headers.get("x-session-id") or body.get("user")
         named = (principal.tenant, session_id) if isinstance(session_id, str) else None
-        encoded = self.validator.validate(body, VALIDATORS[endpoint], named, len(raw))
+        encoded = self.validator.validate(body, REQUESTS[endpoint], named, len(raw))
         note_unknown_fields(endpoint, body, self._unknown_fields)
         who = RequestIdentity(
             request_id, t0, endpoint, body["model"], principal.tenant, principal.key_name,

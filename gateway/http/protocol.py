@@ -10,97 +10,121 @@ reordered; unknown top-level fields are logged once per name.
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_config
+from typing_extensions import TypedDict
 
 from sandbox.protocol import describe_validation
 
 log = logging.getLogger(__name__)
 
 
-class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+# Each shape is a TypedDict validated by a ``TypeAdapter``: the same rules as models would
+# check, without building an object per message, tool and call that nobody reads (the
+# client's own dict is what is forwarded). Half the CPU of validating models on an agent's
+# 39 KB body (docs/decisions/wire-typeddicts.md). Strict: a string where a number belongs
+# is a 400, not a coercion; every other key is allowed and kept.
+WIRE = ConfigDict(extra="allow", strict=True)
 
 
-class FunctionCall(OpenAIModel):
+@with_config(WIRE)
+class FunctionCall(TypedDict):
     name: str
     arguments: str
 
 
-class ToolCall(OpenAIModel):
-    id: str | None = None
-    type: Literal["function"] = "function"
+@with_config(WIRE)
+class ToolCall(TypedDict):
+    id: NotRequired[str | None]
+    type: NotRequired[Literal["function"]]
     function: FunctionCall
 
 
-class ContentPart(OpenAIModel):
+@with_config(WIRE)
+class ContentPart(TypedDict):
     type: str
-    text: str | None = None  # a text part's words; whatever else a part carries passes through
+    text: NotRequired[str | None]  # a text part's words; whatever else a part carries passes
 
 
-class ChatMessage(OpenAIModel):
+@with_config(WIRE)
+class ChatMessage(TypedDict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
+    content: NotRequired[str | list[ContentPart] | None]
+    name: NotRequired[str | None]
+    tool_calls: NotRequired[list[ToolCall] | None]
+    tool_call_id: NotRequired[str | None]
 
 
-class FunctionDef(OpenAIModel):
+@with_config(WIRE)
+class FunctionDef(TypedDict):
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    description: NotRequired[str | None]
+    parameters: NotRequired[dict[str, Any] | None]
+    strict: NotRequired[bool | None]
 
 
-class Tool(OpenAIModel):
+@with_config(WIRE)
+class Tool(TypedDict):
     type: Literal["function"]
     function: FunctionDef
 
 
-class StreamOptions(OpenAIModel):
-    include_usage: bool | None = None
+@with_config(WIRE)
+class StreamOptions(TypedDict):
+    include_usage: NotRequired[bool | None]
 
 
-class SamplingFields(OpenAIModel):
+@with_config(WIRE)
+class SamplingFields(TypedDict):
     model: Annotated[str, Field(min_length=1)]
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    n: Annotated[int, Field(ge=1, le=128)] | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    user: str | None = None
+    stream: NotRequired[bool]
+    stream_options: NotRequired[StreamOptions | None]
+    n: NotRequired[Annotated[int, Field(ge=1, le=128)] | None]
+    max_tokens: NotRequired[Annotated[int, Field(ge=1)] | None]
+    temperature: NotRequired[Annotated[float, Field(ge=0, le=2)] | None]
+    top_p: NotRequired[Annotated[float, Field(gt=0, le=1)] | None]
+    seed: NotRequired[int | None]
+    stop: NotRequired[str | list[str] | None]
+    presence_penalty: NotRequired[Annotated[float, Field(ge=-2, le=2)] | None]
+    frequency_penalty: NotRequired[Annotated[float, Field(ge=-2, le=2)] | None]
+    user: NotRequired[str | None]
 
 
+@with_config(WIRE)
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    logprobs: bool | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
-    reasoning_effort: str | None = None
+    max_completion_tokens: NotRequired[Annotated[int, Field(ge=1)] | None]
+    logprobs: NotRequired[bool | None]
+    top_logprobs: NotRequired[Annotated[int, Field(ge=0, le=20)] | None]
+    tools: NotRequired[list[Tool] | None]
+    tool_choice: NotRequired[Literal["none", "auto", "required"] | dict[str, Any] | None]
+    parallel_tool_calls: NotRequired[bool | None]
+    response_format: NotRequired[dict[str, Any] | None]
+    reasoning_effort: NotRequired[str | None]
 
 
+@with_config(WIRE)
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: Annotated[int, Field(ge=0)] | None = None  # 0 with echo: the prompt alone
-    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    echo: bool | None = None
-    suffix: str | None = None
+    max_tokens: NotRequired[Annotated[int, Field(ge=0)] | None]  # 0 with echo: the prompt alone
+    logprobs: NotRequired[Annotated[int, Field(ge=0, le=20)] | None]
+    echo: NotRequired[bool | None]
+    suffix: NotRequired[str | None]
 
 
+# what validates each endpoint's body (a pydantic ValidationError on the first problem)
+REQUESTS: dict[str, TypeAdapter[Any]] = {
+    "chat": TypeAdapter(ChatCompletionRequest),
+    "completions": TypeAdapter(CompletionRequest),
+}
 _KNOWN = {
-    "chat": frozenset(ChatCompletionRequest.model_fields),
-    "completions": frozenset(CompletionRequest.model_fields),
+    "chat": frozenset(
+        ChatCompletionRequest.__required_keys__ | ChatCompletionRequest.__optional_keys__
+    ),
+    "completions": frozenset(
+        CompletionRequest.__required_keys__ | CompletionRequest.__optional_keys__
+    ),
 }
 
 

@@ -36,10 +36,10 @@ from types import MappingProxyType
 from typing import Any
 
 import orjson
-from pydantic import BaseModel
+from pydantic import TypeAdapter
 
 from gateway.errors import InvalidRequest
-from gateway.http.body import validated
+from gateway.http.body import checked
 
 # ``orjson.dumps`` of some fields of a request body, by name: written once, here, and
 # embedded as they are in the upstream payload (``gateway.pipeline.upstream_body``)
@@ -77,24 +77,24 @@ class SessionValidator:
     def validate(
         self,
         body: dict[str, Any],
-        model: type[BaseModel],
+        shape: TypeAdapter[Any],
         session: tuple[str, str] | None,
         size: int,
     ) -> Encoded:
-        """Validate ``body`` as ``model`` (a 400 naming the parameter otherwise);
+        """Validate ``body`` as ``shape`` (a 400 naming the parameter otherwise);
         ``session``: (tenant, session id) of a named chat session, else None; ``size``:
         the body's JSON bytes. Returns the fields it serialized (none for a request that
         is not a named chat session's)."""
         messages = body.get("messages")
         if session is None or not isinstance(messages, list) or not messages:
-            validated(body, model)
+            checked(body, shape)
             return NONE
         try:
             encoded = {"messages": orjson.dumps(messages)}
             if "tools" in body:
                 encoded["tools"] = orjson.dumps(body["tools"])
         except orjson.JSONEncodeError:  # deeper than orjson writes: the payload fails later
-            validated(body, model)
+            checked(body, shape)
             self._forget(session)
             return NONE
         known = self._known.get(session)
@@ -105,12 +105,12 @@ class SessionValidator:
             probe["messages"] = messages[shared:] or messages[-1:]
             probe.pop("tools", None)  # the same as the known request's, valid
             try:
-                validated(probe, model)
+                checked(probe, shape)
                 self.skipped += shared
             except InvalidRequest:  # the whole body's error, naming the message's index
-                validated(body, model)
+                checked(body, shape)
         else:
-            validated(body, model)
+            checked(body, shape)
         known = _Known(encoded["messages"], len(messages), encoded.get("tools"), size)
         self._remember(session, known)
         return encoded

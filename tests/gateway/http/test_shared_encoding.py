@@ -19,11 +19,13 @@ from starlette.requests import Request
 
 from bench.agent_body import session_bodies
 from gateway.errors import GatewayError
-from gateway.http.body import read_json_raw, validated
-from gateway.http.protocol import ChatCompletionRequest
+from gateway.http.body import checked, read_json_raw
+from gateway.http.protocol import REQUESTS
 from gateway.http.session_validation import SessionValidator
 from gateway.pipeline.request import ParsedRequest, RequestIdentity
 from gateway.pipeline.upstream_body import build_upstream_request
+
+CHAT = REQUESTS["chat"]
 
 WHO = RequestIdentity("req-1", 0.0, "chat", "auto", "tenant", "key", "s")
 MODELS = ("model-full", "model-fast")
@@ -57,7 +59,7 @@ def before(raw: bytes) -> tuple[object, ...]:
     """What the step got before: whole validation, the whole body dumped per tier."""
     try:
         raw, body = read(raw)
-        validated(body, ChatCompletionRequest)
+        checked(body, CHAT)
     except GatewayError as exc:
         return ("refused", exc.status, exc.message, getattr(exc, "param", None))
     parsed = ParsedRequest(WHO, body, raw)
@@ -70,7 +72,7 @@ def before(raw: bytes) -> tuple[object, ...]:
 def now(validator: SessionValidator, raw: bytes, session: tuple[str, str]) -> tuple[object, ...]:
     try:
         raw, body = read(raw)
-        encoded = validator.validate(body, ChatCompletionRequest, session, len(raw))
+        encoded = validator.validate(body, CHAT, session, len(raw))
     except GatewayError as exc:
         return ("refused", exc.status, exc.message, getattr(exc, "param", None))
     parsed = ParsedRequest(WHO, body, raw, encoded)
@@ -167,7 +169,7 @@ def test_a_value_equal_by_eq_but_not_the_same_json_is_validated_again():
     first, second = ({**copy.deepcopy(b), "model": "auto"} for b in session_bodies(0)[:2])
     first["tools"][0]["function"]["strict"] = True
     second["tools"][0]["function"]["strict"] = 1
-    validator.validate(first, ChatCompletionRequest, ("t", "s"), 1000)
+    validator.validate(first, CHAT, ("t", "s"), 1000)
     expected = before(orjson.dumps(second))
     assert expected[0] == "refused"
     assert now(validator, orjson.dumps(second), ("t", "s")) == expected
