@@ -93,11 +93,13 @@ def gearshift_config(
 
 def start_gearshift(
     tmp: Path, mock_url: str, name: str, operator: bool, probe: Path | None = None,
-    wrap: tuple[str, Path] | None = None, store_options: str = "",
+    wrap: tuple[str, Path] | None = None, store_options: str = "", code: Path | None = None,
 ) -> Target:  # fmt: skip
     """``probe``: run it under bench.stall_probe, its events appended to this file;
     ``wrap``: under another such module (``python -m MODULE FILE -- serve ...``, e.g.
-    bench.stage_sampler), given this file."""
+    bench.stage_sampler), given this file; ``code``: another checkout of the repository
+    (a git worktree) whose code the gateway and its child processes run: first on their
+    path, and their working directory (``python -m`` puts it first)."""
     port = free_port()
     config = tmp / f"{name}.yaml"
     config.write_text(gearshift_config(tmp, port, mock_url, operator, store_options))
@@ -108,7 +110,8 @@ def start_gearshift(
         gearshift = [sys.executable, "-m", wrap[0], str(wrap[1]), "--"]
     log = tmp / f"{name}.log"
     argv = [*gearshift, "--log-level", "warning", "serve", "--config", str(config)]
-    proc = start(pinned(argv, GEARSHIFT_CORE), log)
+    env = None if code is None else {"PYTHONPATH": str(code)}
+    proc = start(pinned(argv, GEARSHIFT_CORE), log, env=env, cwd=code)
     wait_http(f"http://127.0.0.1:{port}/ready", proc, log, timeout_s=600)  # a busy machine
     base = f"http://127.0.0.1:{port}"
     metrics = base + "/metrics" if operator else None

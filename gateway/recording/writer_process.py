@@ -15,9 +15,10 @@ in the process list); its body and the acknowledgements' are one orjson object e
 
 A batch frame's body is parts, each behind its own 4-byte length: the object above, then
 each record (a StepRecord or ToolResultRecord as ``encode_step`` wrote it). The writer
-parses the records one by one: parsing a whole batch as one document (64 agent steps,
-~6 MB) made orjson take a working buffer larger than the allocator keeps for reuse, ~1,800
-page faults every batch (docs/decisions/writer-batch-frames.md).
+parses the records one by one: parsing a whole batch as one document (~40 agent steps,
+4 MB) made orjson take a working buffer of several times that, which glibc maps afresh
+every time (over 32 MiB): more than a thousand page faults a batch
+(docs/decisions/writer-batch-frames.md).
 
 The acknowledgement is sent after the commit, so an acknowledged record is on
 disk. A batch resent after a writer crash may already be committed: its records

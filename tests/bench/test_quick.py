@@ -68,6 +68,17 @@ def test_quick_run(name: str, extra: tuple[str, ...], timeout_s: float) -> None:
     run_quick(name, *extra, timeout_s=timeout_s)
 
 
+@pytest.mark.skipif(
+    subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode
+    != 0,
+    reason="not a git checkout: no revision to compare with",
+)
+def test_revisions_quick_run() -> None:
+    # two operator gateways, this checkout's and HEAD's (a worktree), one round
+    out = run_quick("revisions", "--base", "HEAD", timeout_s=300)
+    assert {"ratio_cpu_agent_c64", "head_lower_cpu_chat_c1"} <= out.keys()
+
+
 def test_gateway_overhead_quick_run(tmp_path: Path) -> None:
     # LiteLLM would be installed from PyPI: the comparison is the full run's. The recording
     # gateway runs under the stall probe, so that it keeps working too.
