@@ -57,7 +57,7 @@ from gateway.recording import prompt_ref, writer
 from gateway.recording.cut import cut_prompt_ids
 from gateway.recording.records import ChainHashes, ChoiceCapture, RawJson, StepRecord
 from gateway.recording.writer import StepWriter
-from gateway.recording.writer_process import encode_batch, encode_step, read_batch
+from gateway.recording.writer_process import Record, encode_batch, encode_step, read_batch
 from gateway.store import chain
 from gateway.store.database import make_engine, upgrade
 
@@ -130,31 +130,45 @@ def as_it_was(was: bool) -> Iterator[None]:
         prompt_ref._whole = whole
 
 
-def writer_us(url: str, framed: list[bytes], was: bool) -> float:
-    """A new writer's CPU-µs per step over ``framed`` into a new database."""
+def frame_records(frame: bytes) -> list[Record]:
+    """A batch frame's records, as the writer process reads them."""
+    batch = read_batch(io.BytesIO(frame))
+    assert batch is not None
+    return batch[1]
+
+
+def writer_cost(
+    url: str, framed: list[bytes], records_of: Callable[[bytes], list[Record]] = frame_records
+) -> tuple[float, float]:
+    """A new writer's CPU-µs and page faults per step over ``framed`` into a new database
+    (``url``), each frame's records read by ``records_of``; the collector as the writer
+    process runs it (off during a batch, a young collection after it)."""
     upgrade(url)
     engine = make_engine(url)
-    with as_it_was(was):
-        w, steps = StepWriter(), 0
-        gc.collect()
-        gc.disable()
-        before = resource.getrusage(resource.RUSAGE_SELF)
-        try:
-            for frame in framed:
-                batch = read_batch(io.BytesIO(frame))
-                assert batch is not None
-                records = batch[1]
-                with engine.begin() as conn:
-                    w.write(conn, records)
-                steps += len(records)
-                del records
-                gc.collect(0)
-        finally:
-            after = resource.getrusage(resource.RUSAGE_SELF)
-            gc.enable()
-            engine.dispose()
+    w, steps = StepWriter(), 0
+    gc.collect()
+    gc.disable()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    try:
+        for frame in framed:
+            records = records_of(frame)
+            with engine.begin() as conn:
+                w.write(conn, records)
+            steps += len(records)
+            del records
+            gc.collect(0)
+    finally:
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        gc.enable()
+        engine.dispose()
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    return cpu * 1e6 / steps
+    return cpu * 1e6 / steps, (after.ru_minflt - before.ru_minflt) / steps
+
+
+def writer_us(url: str, framed: list[bytes], was: bool) -> float:
+    """A new writer's CPU-µs per step over ``framed`` into a new database."""
+    with as_it_was(was):
+        return writer_cost(url, framed)[0]
 
 
 def run(tmp: Path, quick: bool, rounds: int) -> dict[str, Any]:

@@ -23,29 +23,24 @@ whole (``ratio_<mix>``).
 from __future__ import annotations
 
 import argparse
-import gc
-import io
 import json
-import resource
 import statistics
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from bench.writer_first_steps import MIXES, first_steps
+from bench.writer_first_steps import MIXES, first_steps, frame_records, writer_cost
 from gateway.config import StoreSettings
 from gateway.recording.records import StepRecord
-from gateway.recording.writer import StepWriter
 from gateway.recording.writer_process import (
     Record,
     encode_batch,
     encode_step,
-    read_batch,
     to_record,
 )
-from gateway.store.database import make_engine, upgrade
 
 FORMATS = ("whole", "by_record")
 
@@ -76,36 +71,12 @@ def framed(records: list[StepRecord], kind: str) -> list[bytes]:
     ]
 
 
-def records_of(frame: bytes, kind: str) -> list[Record]:
-    if kind == "by_record":
-        batch = read_batch(io.BytesIO(frame))
-        assert batch is not None
-        return batch[1]
+def whole(frame: bytes) -> list[Record]:
+    """The records of a frame in the format before, parsed as one document."""
     return [to_record(d) for d in orjson.loads(frame)["records"]]
 
 
-def writer_cost(url: str, frames: list[bytes], kind: str) -> tuple[float, float]:
-    """A new writer's (CPU-µs, page faults) per step over ``frames`` into a new database."""
-    upgrade(url)
-    engine = make_engine(url)
-    writer, steps = StepWriter(), 0
-    gc.collect()
-    gc.disable()
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    try:
-        for frame in frames:
-            records = records_of(frame, kind)
-            with engine.begin() as conn:
-                writer.write(conn, records)
-            steps += len(records)
-            del records
-            gc.collect(0)
-    finally:
-        after = resource.getrusage(resource.RUSAGE_SELF)
-        gc.enable()
-        engine.dispose()
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    return cpu * 1e6 / steps, (after.ru_minflt - before.ru_minflt) / steps
+READERS: dict[str, Callable[[bytes], list[Record]]] = {"whole": whole, "by_record": frame_records}
 
 
 def run(tmp: Path, quick: bool, rounds: int) -> dict[str, Any]:
@@ -115,12 +86,13 @@ def run(tmp: Path, quick: bool, rounds: int) -> dict[str, Any]:
         records = first_steps(mix, count)
         frames = {kind: framed(records, kind) for kind in FORMATS}
         for kind in FORMATS:  # imports, caches, the allocator's first growth
-            writer_cost(f"sqlite:///{tmp}/warm-{mix}-{kind}.db", frames[kind], kind)
+            writer_cost(f"sqlite:///{tmp}/warm-{mix}-{kind}.db", frames[kind], READERS[kind])
         runs = []
         for r in range(rounds):
             row: dict[str, float] = {}
             for kind in FORMATS if r % 2 == 0 else tuple(reversed(FORMATS)):
-                us, faults = writer_cost(f"sqlite:///{tmp}/{mix}-{kind}-{r}.db", frames[kind], kind)
+                url = f"sqlite:///{tmp}/{mix}-{kind}-{r}.db"
+                us, faults = writer_cost(url, frames[kind], READERS[kind])
                 row[f"{kind}_us"], row[f"{kind}_faults"] = round(us, 1), round(faults, 1)
             row["ratio"] = round(row["by_record_us"] / row["whole_us"], 3)
             runs.append(row)
