@@ -73,14 +73,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gearshift-bench-revisions-") as tmpdir:
         tmp = Path(tmpdir)
         code = tmp / "base-code"
-        commit = worktree(args.base, code)
-        arms = {arm: starter(arm, code if arm == "base" else None) for arm in ARMS}
         try:
+            commit = worktree(args.base, code)
+            arms = {arm: starter(arm, code if arm == "base" else None) for arm in ARMS}
             results, upstream = side_by_side.run(tmp, arms, rounds, cells)
-        finally:
+        finally:  # (also after a failed check: the worktree is registered by then)
             subprocess.run(
                 ["git", "-C", str(REPO), "worktree", "remove", "--force", str(code)],
-                check=False,
+                check=False, capture_output=True,
             )  # fmt: skip
     summary = side_by_side.summarize(results, upstream, "head", "base")
     summary.update(base=commit, rounds=rounds, requests=cells["chat_c1"][1])
