@@ -22,8 +22,8 @@ log = logging.getLogger(__name__)
 
 # Each shape is a TypedDict validated by a ``TypeAdapter``: the same rules as models would
 # check, without building an object per message, tool and call that nobody reads (the
-# client's own dict is what is forwarded). Half the CPU of validating models on an agent's
-# 39 KB body (docs/decisions/wire-typeddicts.md). Strict: a string where a number belongs
+# client's own dict is what is forwarded). About half the CPU of validating models on an
+# agent's 39 KB body (docs/decisions/wire-typeddicts.md). Strict: a string where a number belongs
 # is a 400, not a coercion; every other key is allowed and kept.
 WIRE = ConfigDict(extra="allow", strict=True)
 
