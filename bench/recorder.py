@@ -37,7 +37,6 @@ own core is the limit.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 import tempfile
@@ -193,10 +192,11 @@ def agent_sessions(url: str, sessions: int, prompt_cache_mb: float) -> dict[str,
     whole (the writer before prompt ids by reference). CPU-ms per step in the writer, and
     the stored size of the prompts per step."""
     from bench.agent_body import agent_body
+    from bench.writer_first_steps import frame_records
     from gateway.recording.cut import as_written, cut_prompt_ids
     from gateway.recording.records import ChainHashes, ChoiceCapture, RawJson, StepRecord
     from gateway.recording.writer import StepWriter
-    from gateway.recording.writer_process import encode_batch, encode_step, read_batch
+    from gateway.recording.writer_process import encode_batch, encode_step
     from gateway.store import chain
     from gateway.store.database import make_engine, upgrade
     from gateway.store.schema import steps
@@ -247,10 +247,8 @@ def agent_sessions(url: str, sessions: int, prompt_cache_mb: float) -> dict[str,
     ]
     started = time.process_time()
     for frame in frames:  # what the writer process does with each frame
-        batch = read_batch(io.BytesIO(frame))
-        assert batch is not None
         with engine.begin() as conn:
-            writer.write(conn, batch[1])
+            writer.write(conn, frame_records(frame))
     cpu = time.process_time() - started
     with engine.connect() as conn:
         stored = conn.execute(select(func.sum(func.length(steps.c.prompt_token_ids)))).scalar()

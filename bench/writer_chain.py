@@ -20,7 +20,6 @@ incremental.
 
 from __future__ import annotations
 
-import io
 import time
 import uuid
 from pathlib import Path
@@ -30,9 +29,10 @@ import orjson
 from sqlalchemy import Engine, insert
 
 from bench.agent_body import session_bodies
+from bench.writer_first_steps import frame_records, writer_cost
 from gateway.recording.records import ChoiceCapture, RawJson, StepRecord
 from gateway.recording.writer import StepWriter
-from gateway.recording.writer_process import Record, encode_batch, encode_step, read_batch
+from gateway.recording.writer_process import encode_batch, encode_step
 from gateway.store import chain
 from gateway.store.database import make_engine, upgrade
 from gateway.store.rows import insert_ignore
@@ -86,18 +86,12 @@ def frames(sessions: list[list[tuple[list[Any], dict[str, Any], bytes]]], tag: s
     ]  # fmt: skip
 
 
-def _records(frame: bytes) -> list[Record]:
-    batch = read_batch(io.BytesIO(frame))
-    assert batch is not None
-    return batch[1]
-
-
 def writer_us(engine: Engine, framed: list[bytes], history_cache_mb: float) -> float:
     """A new writer's CPU-µs per step over ``framed``."""
     writer = StepWriter(history_cache_mb=history_cache_mb)
     count, started = 0, time.process_time()
     for frame in framed:
-        records = _records(frame)
+        records = frame_records(frame)
         with engine.begin() as conn:
             writer.write(conn, records)
         count += len(records)
@@ -184,8 +178,6 @@ def lookup_ab(tmp: Path, quick: bool) -> dict[str, Any]:
     query a step for the open calls a step's tool messages answer, and SQLAlchemy's own
     multi-row inserts), alternating in this process; CPU-µs per step (user + system, the
     collector run as the writer process runs it), each round and the median ratio."""
-    import gc
-    import resource
     import statistics
 
     from gateway.recording import batch, tool_calls
@@ -197,25 +189,7 @@ def lookup_ab(tmp: Path, quick: bool) -> dict[str, Any]:
     def once(now: bool, name: str) -> float:
         batch.insert_rows = fast_inserts if now else sqlalchemy_inserts
         tool_calls.PREFETCH_IDS = prefetch_ids if now else 0
-        url = f"sqlite:///{tmp}/ab-{name}.db"
-        upgrade(url)
-        engine = make_engine(url)
-        writer, steps = StepWriter(), 0
-        gc.collect()
-        gc.disable()
-        before = resource.getrusage(resource.RUSAGE_SELF)
-        for frame in framed:
-            records = _records(frame)
-            with engine.begin() as conn:
-                writer.write(conn, records)
-            steps += len(records)
-            del records
-            gc.collect(0)
-        after = resource.getrusage(resource.RUSAGE_SELF)
-        gc.enable()
-        engine.dispose()
-        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-        return cpu * 1e6 / steps
+        return writer_cost(f"sqlite:///{tmp}/ab-{name}.db", framed)[0]
 
     try:
         once(True, "warm")

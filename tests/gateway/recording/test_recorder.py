@@ -304,13 +304,20 @@ def test_a_batch_frame_carries_each_record_as_encoded_and_splits_back():
 
 @pytest.mark.parametrize("cut", [1, 5, 9])
 def test_a_batch_frame_cut_short_or_miscounted_is_refused(cut):
-    from gateway.recording.writer_process import HEADER, batch_body, encode_step, split_batch
+    from gateway.recording.writer_process import batch_body, encode_step, split_batch
 
     body = batch_body(4, False, [encode_step(rec(content="a")), encode_step(rec(content="b"))])
     with pytest.raises(ValueError):
         split_batch(body[:-cut])
-    head = b'{"batch":4,"resend":false,"records":3}'  # says three, carries none
+
+
+@pytest.mark.parametrize(
+    "head", [b'{"batch":4,"resend":false,"records":3}', b'["not", "a header"]']
+)
+def test_a_batch_frame_whose_header_miscounts_or_is_no_header_is_refused(head):
+    from gateway.recording.writer_process import HEADER, split_batch
+
     with pytest.raises(ValueError):
-        split_batch(HEADER.pack(len(head)) + head)
+        split_batch(HEADER.pack(len(head)) + head)  # carries no record
     with pytest.raises(ValueError):
         split_batch(b"")
