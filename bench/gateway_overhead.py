@@ -7,7 +7,8 @@ alone on core 0; the mock and the load generator share core 1. Three kinds of re
 sessions as agents send them: each request the session's previous messages plus a tool
 call and its 1.4-2 KB result, 2 to 30 messages, under the session's X-Session-Id; see
 bench.loadgen --sessions). Proxies (bench.proxies): Gearshift in its light
-configuration (``gearshift``: keys and router, recording and sandbox off; chat body),
+configuration (``gearshift``: keys and router, recording and sandbox off; the chat and
+agent bodies),
 Gearshift as an operator runs it (``gearshift_op``: keys, router, recording to SQLite,
 sandbox enabled; every kind) and LiteLLM (every kind). For non-stream requests and
 20-chunk streams, at concurrency 1, 16 and 64, it measures: CPU-ms per request of the
@@ -81,7 +82,9 @@ CONCURRENCY = (1, 16, 64)
 MODES = ("plain", "stream")
 BODIES = ("chat", "agent", "session")
 SUFFIX = {"chat": "recording", "agent": "agent_body", "session": "agent_session"}
-PLAN = {"upstream": BODIES, "gearshift": ("chat",), "gearshift_op": BODIES, "litellm": BODIES}
+PLAN = {
+    "upstream": BODIES, "gearshift": ("chat", "agent"), "gearshift_op": BODIES, "litellm": BODIES
+}  # fmt: skip
 TARGETS = {"cpu_ratio_vs_litellm": 0.1, "added_p99_ms": 2.0, "max_stall_ms": 20.0}
 Cells = dict[str, dict[str, dict[str, dict[int, dict[str, Any]]]]]  # name, body, mode, c
 # A proxy's child process by what its command line holds (the first match; the rest of a
@@ -204,24 +207,33 @@ def _r(value: float, digits: int = 3) -> float | None:
 
 
 def light_summary(cells: Cells, mode: str) -> dict[str, float | None]:
-    """The light configuration against LiteLLM, chat body (the keys of earlier runs)."""
+    """The light configuration against LiteLLM: the chat body under the keys of earlier
+    runs, the agent body under ``_agent_body_light`` (what the agent body costs without
+    recording: the floor that recording's share is measured from)."""
     p, sat = ("" if mode == "plain" else "stream_"), max(CONCURRENCY)
-    up, gs = cells["upstream"]["chat"][mode], cells["gearshift"]["chat"][mode]
-    out = {
-        f"{p}cpu_ms_per_req": _r(gs[sat]["cpu_ms_per_req"]),
-        f"{p}added_p50_ms": _r(gs[1]["p50_ms"] - up[1]["p50_ms"]),
-        f"{p}added_p99_ms": _r(gs[1]["p99_ms"] - up[1]["p99_ms"]),
-        f"{p}rps": _r(gs[sat]["rps"], 1),
-    }
-    if "litellm" in cells:
-        ll = cells["litellm"]["chat"][mode]
+    out: dict[str, float | None] = {}
+    for body, suffix in (("chat", ""), ("agent", "_agent_body_light")):
+        if body not in cells["gearshift"]:
+            continue
+        up, gs = cells["upstream"][body][mode], cells["gearshift"][body][mode]
         out |= {
-            f"{p}litellm_cpu_ms_per_req": _r(ll[sat]["cpu_ms_per_req"]),
-            f"{p}litellm_added_p50_ms": _r(ll[1]["p50_ms"] - up[1]["p50_ms"]),
-            f"{p}litellm_rps": _r(ll[sat]["rps"], 1),
-            f"{p}cpu_ratio_vs_litellm": _r(gs[sat]["cpu_ms_per_req"] / ll[sat]["cpu_ms_per_req"], 4),
-            f"{p}rps_ratio_vs_litellm": _r(gs[sat]["rps"] / ll[sat]["rps"], 2),
-        }  # fmt: skip
+            f"{p}cpu_ms_per_req{suffix}": _r(gs[sat]["cpu_ms_per_req"]),
+            f"{p}added_p50_ms{suffix}": _r(gs[1]["p50_ms"] - up[1]["p50_ms"]),
+            f"{p}added_p99_ms{suffix}": _r(gs[1]["p99_ms"] - up[1]["p99_ms"]),
+            f"{p}rps{suffix}": _r(gs[sat]["rps"], 1),
+        }
+        if "litellm" not in cells:
+            continue
+        ll = cells["litellm"][body][mode]
+        ratio = gs[sat]["cpu_ms_per_req"] / ll[sat]["cpu_ms_per_req"]
+        out[f"{p}cpu_ratio_vs_litellm{suffix}"] = _r(ratio, 4)
+        if body == "chat":
+            out |= {
+                f"{p}litellm_cpu_ms_per_req": _r(ll[sat]["cpu_ms_per_req"]),
+                f"{p}litellm_added_p50_ms": _r(ll[1]["p50_ms"] - up[1]["p50_ms"]),
+                f"{p}litellm_rps": _r(ll[sat]["rps"], 1),
+                f"{p}rps_ratio_vs_litellm": _r(gs[sat]["rps"] / ll[sat]["rps"], 2),
+            }
     return out
 
 
@@ -360,7 +372,8 @@ def run(
     try:
         wait_http(f"http://127.0.0.1:{mock_port}/health", mock, mock_log)
         mock_url = f"http://127.0.0.1:{mock_port}"
-        targets = start_targets(tmp, mock_url, with_litellm, "chat" in bodies, probe)
+        light = any(b in PLAN["gearshift"] for b in bodies)
+        targets = start_targets(tmp, mock_url, with_litellm, light, probe)
         op = next(t for t in targets if t.name == "gearshift_op")
         sandbox = sandbox_state(op)
         print(f"gearshift_op: sandbox {sandbox}", flush=True)

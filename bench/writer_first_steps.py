@@ -48,9 +48,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
+from sqlalchemy import Engine
 
 from bench.agent_body import agent_body
 from gateway.recording import prompt_ref, writer
@@ -137,18 +138,31 @@ def frame_records(frame: bytes) -> list[Record]:
     return batch[1]
 
 
+class Cost(NamedTuple):
+    """A writer's cost per step: CPU-µs (user + system), minor page faults, wall-clock µs."""
+
+    cpu_us: float
+    faults: float
+    wall_us: float
+
+
 def writer_cost(
-    url: str, framed: list[bytes], records_of: Callable[[bytes], list[Record]] = frame_records
-) -> tuple[float, float]:
-    """A new writer's CPU-µs and page faults per step over ``framed`` into a new database
-    (``url``), each frame's records read by ``records_of``; the collector as the writer
-    process runs it (off during a batch, a young collection after it)."""
+    url: str,
+    framed: list[bytes],
+    records_of: Callable[[bytes], list[Record]] = frame_records,
+    engine_of: Callable[[str], Engine] = make_engine,
+) -> Cost:
+    """A new writer's cost per step over ``framed`` into a new database (``url``, its
+    engine made by ``engine_of``; the schema's upgrade not counted), each frame's records
+    read by ``records_of``; the collector as the writer process runs it (off during a
+    batch, a young collection after it)."""
     upgrade(url)
-    engine = make_engine(url)
+    engine = engine_of(url)
     w, steps = StepWriter(), 0
     gc.collect()
     gc.disable()
     before = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
     try:
         for frame in framed:
             records = records_of(frame)
@@ -159,10 +173,11 @@ def writer_cost(
             gc.collect(0)
     finally:
         after = resource.getrusage(resource.RUSAGE_SELF)
+        wall = time.perf_counter() - t0
         gc.enable()
         engine.dispose()
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    return cpu * 1e6 / steps, (after.ru_minflt - before.ru_minflt) / steps
+    return Cost(cpu * 1e6 / steps, (after.ru_minflt - before.ru_minflt) / steps, wall * 1e6 / steps)
 
 
 def writer_us(url: str, framed: list[bytes], was: bool) -> float:

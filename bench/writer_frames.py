@@ -92,7 +92,7 @@ def run(tmp: Path, quick: bool, rounds: int) -> dict[str, Any]:
             row: dict[str, float] = {}
             for kind in FORMATS if r % 2 == 0 else tuple(reversed(FORMATS)):
                 url = f"sqlite:///{tmp}/{mix}-{kind}-{r}.db"
-                us, faults = writer_cost(url, frames[kind], READERS[kind])
+                us, faults, _ = writer_cost(url, frames[kind], READERS[kind])
                 row[f"{kind}_us"], row[f"{kind}_faults"] = round(us, 1), round(faults, 1)
             row["ratio"] = round(row["by_record_us"] / row["whole_us"], 3)
             runs.append(row)

@@ -59,7 +59,7 @@ def test_the_summary_compares_each_body_with_its_own_baseline():
     cells = {
         "upstream": {"chat": cells_for(1, float("nan"), 5000, 2),
                      "agent": cells_for(2, float("nan"), 3000, 3)},
-        "gearshift": {"chat": cells_for(1.5, 0.3, 3000, 2)},
+        "gearshift": {"chat": cells_for(1.5, 0.3, 3000, 2), "agent": cells_for(3, 1.2, 900, 9)},
         "gearshift_op": {"chat": cells_for(2, 0.5, 2000, 9), "agent": cells_for(4, 2.0, 500, 30)},
         "litellm": {"chat": cells_for(12, 10, 100, 20), "agent": cells_for(20, 40, 25, 40)},
     }  # fmt: skip
@@ -67,6 +67,11 @@ def test_the_summary_compares_each_body_with_its_own_baseline():
     assert s["cpu_ratio_vs_litellm"] == 0.03  # light configuration, chat body
     assert s["cpu_ratio_vs_litellm_recording"] == 0.05
     assert s["cpu_ratio_vs_litellm_agent_body"] == 0.05
+    # the agent body without recording, beside it: 1.2 of LiteLLM's 40
+    assert s["cpu_ratio_vs_litellm_agent_body_light"] == 0.03
+    assert s["cpu_ms_per_req_agent_body_light"] == 1.2 and s["added_p50_ms_agent_body_light"] == 1
+    assert s["stream_cpu_ratio_vs_litellm_agent_body_light"] == 0.03
+    assert "litellm_cpu_ms_per_req_agent_body_light" not in s  # LiteLLM's: under _agent_body
     assert s["added_p99_ms_recording"] == 1.0  # (2 + 1) - (1 + 1)
     assert s["added_p99_ms_agent_body"] == 2.0  # (4 + 1) - (2 + 1)
     assert s["max_stall_ms"] == 28.0  # agent: 30 - its upstream's p50 of 2
