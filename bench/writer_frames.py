@@ -62,7 +62,7 @@ def batches(encoded: list[bytes]) -> list[list[bytes]]:
 
 
 def framed(records: list[StepRecord], kind: str) -> list[bytes]:
-    chunks = batches([encode_step(r) for r in records])
+    chunks = batches([encode_step(r).data for r in records])
     if kind == "by_record":
         return [encode_batch(i, False, chunk) for i, chunk in enumerate(chunks)]
     return [  # the format before: one JSON object, the records an array in it

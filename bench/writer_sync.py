@@ -21,6 +21,7 @@ import argparse
 import json
 import statistics
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from gateway.store.database import make_engine
 MODES = ("FULL", "NORMAL")
 
 
-def engine_at(synchronous: str) -> Any:
+def engine_at(synchronous: str) -> Callable[[str], Engine]:
     """``make_engine`` with ``synchronous`` set after the store's own pragmas."""
 
     def make(url: str) -> Engine:

@@ -1,7 +1,8 @@
 """The recorder: a bounded queue on the request path, a writer process behind it.
 
 The request path only builds a ``StepRecord`` and offers it (``record``), which encodes
-it at once into its entry of a writer frame: what waits in the queue is bytes. A sandbox
+it at once into its entry of a writer frame: what waits in the queue is bytes (an
+``Entry``: the record's JSON around its raw values, which are not copied). A sandbox
 result for a tool call a queued or written step made goes the same way
 (``tool_result``: a ``ToolResultRecord``, in order after that step). A
 consumer task takes whatever has queued up (waiting up to ``linger_s`` for more,
@@ -45,7 +46,14 @@ from gateway.metrics import Metrics
 from gateway.recording import writer_priority
 from gateway.recording.records import StepRecord, ToolResultRecord
 from gateway.recording.writer_priority import WATCH_S, IdleSchedule, StarvationWatch
-from gateway.recording.writer_process import HEADER, Record, batch_body, encode, encode_step
+from gateway.recording.writer_process import (
+    HEADER,
+    Entry,
+    Record,
+    batch_parts,
+    encode,
+    encode_step,
+)
 from gateway.store.database import make_engine, prepare_schema
 
 log = logging.getLogger(__name__)
@@ -66,8 +74,8 @@ def _lower_priority() -> None:
         )
 
 
-def _bytes(item: bytes | _Op) -> int:
-    return len(item) if isinstance(item, bytes) else 0
+def _bytes(item: Entry | _Op) -> int:
+    return item.size if isinstance(item, Entry) else 0
 
 
 class RecorderClosed(Exception):
@@ -94,7 +102,7 @@ class Recorder:
         self.metrics = metrics
         self.hooks = list(hooks or [])
         self.engine: Engine | None = None  # this process's, for operations and reads
-        self._queue: asyncio.Queue[bytes | _Op] = asyncio.Queue()  # bounded by _fits
+        self._queue: asyncio.Queue[Entry | _Op] = asyncio.Queue()  # bounded by _fits
         self._queued_bytes = 0
         self._room = asyncio.Condition()  # notified when the consumer takes steps
         # (tenant, client session name) -> ids of the tool calls its offered steps made
@@ -106,7 +114,7 @@ class Recorder:
         self._task: asyncio.Task[None] | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._batch = 0
-        self._carry: bytes | _Op | None = None  # taken from the queue, first of the next batch
+        self._carry: Entry | _Op | None = None  # taken from the queue, first of the next batch
         self._closing = False
         self._dropped_logged_at = 0.0
         self._idle = IdleSchedule(settings.writer_idle, settings.writer_nice)
@@ -224,16 +232,16 @@ class Recorder:
             return None
         return await self.record(ToolResultRecord(tenant, session, call_id, outcome, time.time()))
 
-    def _fits(self, step: bytes) -> bool:
+    def _fits(self, step: Entry) -> bool:
         """Room for ``step`` in both bounds (one step always fits an empty queue)."""
         if self._queue.qsize() >= self.settings.queue_size:
             return False
         limit = self.settings.queue_mb * 1_000_000
-        return self._queued_bytes == 0 or self._queued_bytes + len(step) <= limit
+        return self._queued_bytes == 0 or self._queued_bytes + step.size <= limit
 
-    def _put(self, step: bytes) -> None:
+    def _put(self, step: Entry) -> None:
         self._queue.put_nowait(step)
-        self._queued_bytes += len(step)
+        self._queued_bytes += step.size
 
     def _drop(self, rec: Record, why: str) -> bool:
         self.metrics.recorder_dropped.labels(why).inc()
@@ -295,16 +303,16 @@ class Recorder:
     async def _consume(self) -> None:
         while True:
             batch = await self._collect()
-            taken = sum(len(item) for item in batch if isinstance(item, bytes))
+            taken = sum(_bytes(item) for item in batch)
             self._queued_bytes -= taken
             self.metrics.recorder_queued.set(self._queue.qsize())
             self.metrics.recorder_queued_bytes.set(self._queued_bytes)
             if taken:
                 async with self._room:
                     self._room.notify_all()
-            run: list[bytes] = []
+            run: list[Entry] = []
             for item in batch:
-                if isinstance(item, bytes):
+                if isinstance(item, Entry):
                     run.append(item)
                     continue
                 await self._send(run)
@@ -312,7 +320,7 @@ class Recorder:
                 await self._run_op(item)
             await self._send(run)
 
-    async def _collect(self) -> list[bytes | _Op]:
+    async def _collect(self) -> list[Entry | _Op]:
         """The next batch: what is queued after lingering linger_s, at most batch_size
         steps and about batch_mb of them (a step that would pass it starts the next batch).
 
@@ -343,7 +351,7 @@ class Recorder:
             size += _bytes(item)
         return batch
 
-    async def _send(self, records: list[bytes]) -> None:
+    async def _send(self, records: list[Entry]) -> None:
         """Hand records to the writer and wait for its commit; survive its death."""
         if not records:
             return
@@ -352,7 +360,7 @@ class Recorder:
         delay = 0.1
         while True:
             try:
-                ack = await self._exchange(batch_body(self._batch, resend, records))
+                ack = await self._exchange(batch_parts(self._batch, resend, records))
                 break
             except WriterGone as exc:
                 self.metrics.recorder_retries.inc()
@@ -404,13 +412,14 @@ class Recorder:
             except Exception:  # a bug here must not end the watch, nor the recorder
                 log.exception("recorder: watching the writer's priority failed")
 
-    async def _exchange(self, frame: bytes) -> dict[str, Any]:
+    async def _exchange(self, frame: list[bytes]) -> dict[str, Any]:
+        """Write a batch frame (its parts, as ``batch_parts`` made them: written as they
+        are, not joined) and read the writer's acknowledgement."""
         proc = self._proc
         if proc is None or proc.stdin is None or proc.stdout is None:
             raise WriterGone("not started")
         try:
-            proc.stdin.write(HEADER.pack(len(frame)))  # the header apart: no copy of the body
-            proc.stdin.write(frame)
+            proc.stdin.writelines(frame)
             await proc.stdin.drain()
             (size,) = HEADER.unpack(await proc.stdout.readexactly(HEADER.size))
             ack: dict[str, Any] = orjson.loads(await proc.stdout.readexactly(size))

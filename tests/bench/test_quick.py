@@ -49,6 +49,7 @@ def run_quick(name: str, *extra: str, timeout_s: float) -> dict[str, object]:
         ("writer_first_steps", (), 120),
         ("writer_frames", (), 120),
         ("writer_sync", (), 120),
+        ("record_encoding", (), 60),
         # one operator gateway, two cells of 100 agent-body requests at concurrency 1
         ("c1_stalls", (), 300),
         # two operator gateways (writer at idle priority / at niceness 10), one round

@@ -279,7 +279,7 @@ def test_prompt_ids_reach_the_writer_process_as_bytes_and_dead_letters_keep_them
     sent = b"[1,2,3,40000]"
     _, cut = cut_prompt_ids(b'{"id":"x","prompt_token_ids":' + sent + b',"choices":[]}')
     rec = record("s", cut, [[5]])
-    frame = orjson.loads(b'{"records":[' + encode_step(rec) + b"]}")
+    frame = orjson.loads(b'{"records":[' + encode_step(rec).data + b"]}")
     assert frame["records"][0]["prompt_token_ids"] == sent.decode()
     back = to_record(frame["records"][0])
     assert isinstance(back, StepRecord) and isinstance(back.prompt_token_ids, RawJson)

@@ -17,7 +17,7 @@ from sqlalchemy import func, select, text
 from gateway.config import StoreSettings
 from gateway.metrics import Metrics
 from gateway.recording.recorder import Recorder
-from gateway.recording.records import ChoiceCapture, StepRecord
+from gateway.recording.records import ChoiceCapture, RawJson, StepRecord
 from gateway.store.chain import history_hash
 from gateway.store.schema import steps, tool_calls
 
@@ -280,6 +280,7 @@ async def test_a_backlog_of_large_steps_goes_in_frames_of_about_batch_mb(tmp_pat
 def test_a_batch_frame_carries_each_record_as_encoded_and_splits_back():
     from gateway.recording.writer_process import (
         batch_body,
+        batch_parts,
         encode_batch,
         encode_step,
         read_batch,
@@ -291,15 +292,43 @@ def test_a_batch_frame_carries_each_record_as_encoded_and_splits_back():
         body = batch_body(batch, resend, records)
         head, parts = split_batch(body)
         assert head == {"batch": batch, "resend": resend, "records": 3}
-        assert [bytes(p) for p in parts] == records  # the bytes as encoded, not re-serialized
+        # the bytes as encoded, not re-serialized
+        assert [bytes(p) for p in parts] == [e.data for e in records]
         read = read_batch(io.BytesIO(encode_batch(batch, resend, records)))
         assert read is not None and read[0] == head
-        assert [r.request for r in read[1]] == [orjson.loads(x)["request"] for x in records]
+        assert [r.request for r in read[1]] == [orjson.loads(e.data)["request"] for e in records]
+        assert b"".join(batch_parts(batch, resend, records)) == encode_batch(batch, resend, records)
     assert split_batch(batch_body(2, False, [])) == (
         {"batch": 2, "resend": False, "records": 0},
         [],
     )
     assert read_batch(io.BytesIO(b"")) is None
+
+
+def test_a_record_entry_is_orjsons_encoding_with_the_raw_values_spliced_in_uncopied():
+    from gateway.recording.cut import as_written, cut_prompt_ids
+    from gateway.recording.writer_process import encode_step
+
+    ids = b"[" + b",".join(b"%d" % i for i in range(5000)) + b"]"
+    _, cut = cut_prompt_ids(b'{"id":"x","prompt_token_ids":' + ids + b',"choices":[]}')
+    body = orjson.dumps({"messages": [{"role": "user", "content": 'nul \x00, "quoted"\n'}]})
+    step = rec()
+    step.request, step.prompt_token_ids = RawJson(body), cut
+    step.choices[0].message = {"role": "assistant", "content": "\x00 in the record's own text"}
+    entry = encode_step(step)
+    # what orjson writes with each raw value as a fragment: the ids as a JSON string
+    whole = orjson.dumps(
+        step, default=lambda v: orjson.Fragment(v.quoted) if v is cut else as_written(v)
+    )
+    assert entry.data == whole and entry.size == len(whole)
+    assert any(part is body for part in entry.parts)  # the request's bytes, not a copy
+    assert orjson.loads(entry.data)["prompt_token_ids"] == ids.decode()
+    plain = rec(content="no raw values")
+    assert encode_step(plain).parts == (orjson.dumps(plain),)
+    odd = rec()
+    odd.request = object()  # type: ignore[assignment]
+    with pytest.raises(TypeError):  # neither JSON nor raw bytes: refused, as before
+        encode_step(odd)
 
 
 @pytest.mark.parametrize("cut", [1, 5, 9])
