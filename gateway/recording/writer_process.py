@@ -159,8 +159,9 @@ def encode_step(rec: Record) -> Entry:
     itself: inside a string it escapes control characters) and the entry is the output's
     pieces with the values between them. Copied in, an agent step's ~100 KB grew orjson's
     buffer several times into memory the kernel had to fault in, record after record, while
-    the queue held the ones before: ~80 µs and ~50 page faults a step in the gateway
-    against ~7 µs and none (docs/decisions/recorder-entry-parts.md).
+    the queue held the ones before: with the batch's join, 149 CPU-µs and ~50 page faults
+    a step against 10 µs and none (``bench.record_encoding``;
+    docs/decisions/recorder-entry-parts.md).
 
     A prompt's ids as the request path cut them (``cut.PromptIds``) go in as a JSON
     *string* holding the array (the bytes were cut with their quotes): the writer
