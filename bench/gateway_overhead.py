@@ -41,7 +41,8 @@ Each of ``gearshift_op``'s cells also splits its CPU-ms a request by process
 (``cpu_ms_per_req_by_process``: the gateway, the recorder's writer, the tool sandbox with
 whatever it started, other), read from the same ``/proc`` snapshot as the tree's figure,
 so the parts add up to ``cpu_ms_per_req``; the summary's ``cpu_ms_per_req_by_process``
-has them by body, mode and concurrency.
+has them by body, mode and concurrency. Each cell also counts the gateway process's minor
+page faults a request (``gateway_minflt_per_req``).
 
 The last line printed is one JSON object.
 """
@@ -117,6 +118,12 @@ def cpu_by_process(pid: int) -> dict[str, float]:
     return out
 
 
+def minor_faults(pid: int) -> int:
+    """The minor page faults of process ``pid`` so far (``/proc/<pid>/stat``'s ``minflt``):
+    memory it touched for the first time, each a trap into the kernel and a zeroed page."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+
 def loadgen(
     target: Target,
     mode: str,
@@ -131,11 +138,13 @@ def loadgen(
             "--mode", mode, "--concurrency", str(concurrency), "--requests", str(requests),
             "--max-seconds", str(max_s), "--key", target.key, *load]  # fmt: skip
     recorded = recorder_done(target.metrics) if target.metrics else 0.0
+    faults0 = minor_faults(target.proc.pid) if target.proc else 0
     split0 = cpu_by_process(target.proc.pid) if target.proc else {}
     out = subprocess.run(pinned(argv, CLIENT_CORE), capture_output=True, text=True, check=True)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     drained = drain(target, recorded + result["completed"])  # a step per answer
     split1 = cpu_by_process(target.proc.pid) if target.proc else {}
+    faults1 = minor_faults(target.proc.pid) if target.proc else 0
     result["drain_s"] = drained if target.metrics else 0.0
     result["sustained_rps"] = result["completed"] / (result["seconds"] + result["drain_s"])
     if result["errors"] and not result["completed"]:
@@ -146,6 +155,7 @@ def loadgen(
         (sum(split1.values()) - sum(split0.values())) * 1000 / done if target.proc else float("nan")
     )
     if target.proc:
+        result["gateway_minflt_per_req"] = (faults1 - faults0) / done
         result["cpu_ms_per_req_by_process"] = {
             role: (split1[role] - split0[role]) * 1000 / done for role in split1
         }
@@ -199,7 +209,8 @@ def _split(r: dict[str, Any]) -> str:
     parts = r.get("cpu_ms_per_req_by_process")
     if not parts:
         return ""
-    return " [" + " ".join(f"{k} {v:.3f}" for k, v in parts.items()) + "]"
+    split = " ".join(f"{k} {v:.3f}" for k, v in parts.items())
+    return f" [{split}; gateway faults {r['gateway_minflt_per_req']:.1f}/req]"
 
 
 def _r(value: float, digits: int = 3) -> float | None:

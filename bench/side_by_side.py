@@ -38,6 +38,7 @@ def cell(target: Target, concurrency: int, requests: int, load: list[str]) -> di
     return {
         "p50_ms": out["p50_ms"], "p99_ms": out["p99_ms"], "max_ms": out["max_ms"],
         "cpu_ms_per_req": out["cpu_ms_per_req"], "sustained_rps": out["sustained_rps"],
+        "gateway_minflt_per_req": out.get("gateway_minflt_per_req", float("nan")),
     }  # fmt: skip
 
 
@@ -102,7 +103,8 @@ def run(
                         f"round {r} {kind:9} {arm:4}: p50 {row['p50_ms']:7.2f} ms "
                         f"p99 {row['p99_ms']:7.2f} ms max {row['max_ms']:7.2f} ms "
                         f"cpu {row['cpu_ms_per_req']:.3f} ms/req "
-                        f"sustained {row['sustained_rps']:6.1f} req/s",
+                        f"sustained {row['sustained_rps']:6.1f} req/s "
+                        f"faults {row['gateway_minflt_per_req']:.1f}/req",
                         flush=True,
                     )
         if after is not None:

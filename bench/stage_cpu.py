@@ -18,7 +18,9 @@ a socket write to whoever writes); the loop's own C time to the coroutine it res
 Prints each round's shares of the main thread's CPU by stage, and the other threads' CPU
 beside it; the last line is one JSON object: ``stages`` ({stage: [share per round, %]}),
 ``samples``, ``cpu_s`` (the main thread's CPU sampled) and ``other_threads_cpu_s``, one
-value per round. ``GEARSHIFT_BENCH_CORES`` places the processes as for
+value per round. ``--top N`` also prints each round's N functions by inclusive share (a
+function's samples wherever it stands in the stack; ``functions`` in the JSON), for a
+change inside one stage. ``GEARSHIFT_BENCH_CORES`` places the processes as for
 bench.gateway_overhead.
 """
 
@@ -112,6 +114,20 @@ def read_dump(text: str) -> tuple[dict[str, Any], Counter[str]]:
     return json.loads(head), by_stage
 
 
+def functions(text: str, top: int) -> list[tuple[str, float]]:
+    """A sampler dump's ``top`` functions by inclusive share of the CPU (every sample whose
+    stack holds the function, once per sample), largest first: ``(qualname (file), %)``."""
+    held: Counter[str] = Counter()
+    total = 0
+    for line in text.splitlines()[1:]:
+        if line:
+            stack, us = line.rsplit(" ", 1)
+            total += int(us)
+            for frame in set(stack.split(";")):
+                held[frame] += int(us)
+    return [(f, round(100 * us / max(total, 1), 1)) for f, us in held.most_common(top)]
+
+
 def shares(by_stage: Counter[str]) -> dict[str, float]:
     """Each stage's percentage of the total, in ORDER."""
     total = sum(by_stage.values()) or 1
@@ -136,8 +152,9 @@ def take(target: Target, out: Path, seq: int, timeout_s: float = 60) -> str:
 
 
 def run(
-    tmp: Path, quick: bool, rounds: int, concurrency: tuple[int, ...], body: str = "session"
-) -> dict[str, Any]:
+    tmp: Path, quick: bool, rounds: int, concurrency: tuple[int, ...], body: str = "session",
+    top: int = 0,
+) -> dict[str, Any]:  # fmt: skip
     mock_port, mock_log = free_port(), tmp / "mock.log"
     argv = [sys.executable, "-m", "bench.mock_upstream", "--port", str(mock_port)]
     mock = start(pinned(argv, CLIENT_CORE), mock_log)
@@ -163,7 +180,8 @@ def run(
                 cell = loadgen(target, "plain", c, *cell_size("plain", c, quick), load)
                 print(f"round {r} c={c}: {cell['completed']:.0f} req {cell['rps']:.1f} req/s",
                       flush=True)  # fmt: skip
-            head, by_stage = read_dump(take(target, out, r + 1))
+            dump = take(target, out, r + 1)
+            head, by_stage = read_dump(dump)
             got = shares(by_stage)
             for stage, share in got.items():
                 result["stages"][stage].append(share)
@@ -176,6 +194,12 @@ def run(
                   "the main thread's)", flush=True)  # fmt: skip
             for stage, share in got.items():
                 print(f"  {stage:30s} {share:5.1f} %", flush=True)
+            if top:
+                held = functions(dump, top)
+                result.setdefault("functions", []).append(held)
+                print(f"round {r}: the {top} functions holding the most CPU (inclusive):")
+                for frame, share in held:
+                    print(f"  {share:5.1f} % {frame}", flush=True)
     finally:
         if target is not None and target.proc is not None:
             stop(target.proc)
@@ -196,6 +220,10 @@ def main() -> None:
         "--body", choices=("session", "agent"), default="session",
         help="what each request sends: growing agent sessions (default) or the agent body",
     )  # fmt: skip
+    parser.add_argument(
+        "--top", type=int, default=0,
+        help="also print each round's N functions by inclusive share (JSON: functions)",
+    )  # fmt: skip
     args = parser.parse_args()
     try:
         concurrency = tuple(int(c) for c in args.concurrency.split(","))
@@ -205,7 +233,7 @@ def main() -> None:
         parser.error("--rounds and every --concurrency must be at least 1")
     rounds = 1 if args.quick else args.rounds
     with tempfile.TemporaryDirectory(prefix="gearshift-bench-") as tmpdir:
-        result = run(Path(tmpdir), args.quick, rounds, concurrency, args.body)
+        result = run(Path(tmpdir), args.quick, rounds, concurrency, args.body, max(args.top, 0))
     print(json.dumps(result))
 
 
